@@ -1,0 +1,235 @@
+"""The node agent: collect every interval, push at once on a fault, spool when the server is away,
+and serve per-accelerator /metrics on 127.0.0.1:9481.
+"""
+
+from __future__ import annotations
+
+import logging
+import socket
+import threading
+import time
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+
+import httpx
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
+
+from collectors import host, nvml, sim  # noqa: F401 - each source registers itself by name
+from collectors.base import Collector, Readings, SourceUnavailable, create
+from collectors.metrics import AgentCollector, AgentSnapshot
+from collectors.push import Pusher
+from collectors.sim import SimCollector
+from collectors.spool import SeqCounter, Spool
+from sentinel import __version__
+from sentinel.telemetry.schemas import (
+    AcceleratorSample,
+    Assignment,
+    HardwareEvent,
+    NodeCommand,
+    NodeRegistration,
+    NodeReport,
+    ReportAck,
+)
+
+log = logging.getLogger("sentinel.agent")
+
+
+@dataclass
+class AgentConfig:
+    server_url: str
+    token: str
+    node: str
+    sources: list[str]
+    interval_seconds: float = 5.0
+    listen_host: str = "127.0.0.1"
+    listen_port: int = 9481
+    state_dir: Path = field(default_factory=lambda: Path.home() / ".local/share/sentinel/agent")
+    spool_max_reports: int = 10_000
+    command_poll_seconds: float = 25.0
+
+
+class Agent:
+    def __init__(self, config: AgentConfig, *, sources: list[Collector] | None = None,
+                 client: httpx.Client | None = None):
+        self.config = config
+        state = config.state_dir / config.node
+        self.spool = Spool(state / "spool", max_reports=config.spool_max_reports)
+        self.seq = SeqCounter(state / "seq", floor=self.spool.highest_seq())
+        self.sources_up: dict[str, bool] = {}
+        self.sources = sources if sources is not None else self._start_sources(config.sources)
+        self.client = client or httpx.Client(base_url=config.server_url, timeout=httpx.Timeout(10.0, connect=3.0),
+                                             headers={"authorization": f"Bearer {config.token}"})
+        self.pusher = Pusher(client=self.client, node=config.node, spool=self.spool,
+                             registration=self.registration, on_ack=self._on_ack, on_registered=self.seq.raise_to)
+        self.assignments: list[Assignment] = []
+        self.latest: dict[str, AcceleratorSample] = {}
+        self.health: dict[str, str] = {}
+        self.registry = CollectorRegistry(auto_describe=False)
+        self.registry.register(AgentCollector(self.snapshot))
+        self._stop = threading.Event()
+        self._lock = threading.Lock()
+        self._http: ThreadingHTTPServer | None = None
+        self.commands_applied = 0
+
+    def _start_sources(self, specs: list[str]) -> list[Collector]:
+        started = []
+        for spec in specs:
+            try:
+                source = create(spec, self.config.node)
+            except (SourceUnavailable, ValueError, OSError) as exc:
+                log.error("source %s unavailable, going on without it: %s", spec, exc)
+                self.sources_up[spec.partition(":")[0]] = False
+                continue
+            started.append(source)
+            self.sources_up[source.name] = True
+        return started
+
+    def registration(self) -> NodeRegistration:
+        return NodeRegistration(
+            name=self.config.node, hostname=socket.gethostname(), interval_seconds=self.config.interval_seconds,
+            agent_version=__version__, sources=[s.name for s in self.sources],
+            accelerators=[info for s in self.sources for info in s.accelerators()])
+
+    # -- collecting and reporting ------------------------------------------------------------
+
+    def collect(self) -> Readings:
+        merged = Readings()
+        with self._lock:
+            assignments = list(self.assignments)
+        for source in self.sources:
+            try:
+                readings = source.collect(assignments)
+            except OSError as exc:
+                log.warning("source %s failed this interval: %s", source.name, exc)
+                self.sources_up[source.name] = False
+                continue
+            self.sources_up[source.name] = True
+            merged.host = readings.host or merged.host
+            merged.accelerators.extend(readings.accelerators)
+        with self._lock:
+            for sample in merged.accelerators:
+                self.latest[sample.uuid] = sample
+        return merged
+
+    def report_now(self, readings: Readings | None = None, events: list[HardwareEvent] | None = None) -> int:
+        """Spool one report and wake the pusher; returns its seq."""
+        readings = readings or Readings()
+        seq = self.seq.next()
+        report = NodeReport(node=self.config.node, seq=seq, sent_at=time.time(),
+                            interval_seconds=self.config.interval_seconds, host=readings.host,
+                            accelerators=readings.accelerators, events=events or [])
+        self.spool.append(seq, report.model_dump_json(exclude_none=True).encode())
+        self.pusher.wake()
+        return seq
+
+    def on_event(self, event: HardwareEvent) -> None:
+        """A fault is pushed at once, not at the next interval."""
+        with self._lock:
+            if event.accelerator_uuid:
+                self.health[event.accelerator_uuid] = {"offline": "offline", "clear": "healthy"}.get(
+                    event.kind, "degraded")
+        log.warning("fault event: node=%s accelerator=%s kind=%s xid=%s", self.config.node, event.accelerator_uuid,
+                    event.kind, event.xid)
+        self.report_now(events=[event])
+
+    def _on_ack(self, ack: ReportAck) -> None:
+        with self._lock:
+            self.assignments = list(ack.assignments)
+        for command in ack.commands:
+            self.apply_command(command)
+
+    def apply_command(self, command: NodeCommand) -> None:
+        sims = [s for s in self.sources if isinstance(s, SimCollector)]
+        if not sims:
+            log.error("command %s ignored: node %s has no sim source", command.id, self.config.node)
+            return
+        try:
+            sims[0].inject(command.accelerator_index, command.fault, command.argument)
+            self.commands_applied += 1
+        except ValueError as exc:
+            log.error("command %s refused: %s", command.id, exc)
+
+    def _poll_commands(self) -> None:
+        while not self._stop.is_set():
+            try:
+                response = self.client.get(f"/api/v1/nodes/{self.config.node}/commands",
+                                           params={"wait": self.config.command_poll_seconds},
+                                           timeout=self.config.command_poll_seconds + 10)
+                if response.status_code == 200:
+                    for raw in response.json():
+                        self.apply_command(NodeCommand.model_validate(raw))
+                    continue
+            except (httpx.HTTPError, ValueError):
+                pass
+            self._stop.wait(2.0)
+
+    # -- serving /metrics ----------------------------------------------------------------------
+
+    def snapshot(self) -> AgentSnapshot:
+        with self._lock:
+            return AgentSnapshot(
+                node=self.config.node, accelerators=[i for s in self.sources for i in s.accelerators()],
+                samples=dict(self.latest), health=dict(self.health), sources_up=dict(self.sources_up),
+                counters={"reports_sent_total": self.pusher.sent_total,
+                          "reports_rejected_total": self.pusher.rejected_total,
+                          "push_failures_total": self.pusher.failures_total,
+                          "spool_dropped_total": self.spool.dropped_total,
+                          "spool_reports": len(self.spool), "last_seq": self.seq.value,
+                          "server_connected": 1.0 if self.pusher.connected else 0.0})
+
+    def serve_http(self) -> int:
+        agent = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_GET(self) -> None:
+                if self.path.split("?")[0] == "/metrics":
+                    self._send(200, generate_latest(agent.registry), CONTENT_TYPE_LATEST)
+                elif self.path == "/healthz":
+                    self._send(200, b'{"status":"ok"}', "application/json")
+                else:
+                    self._send(404, b'{"detail":"not found"}', "application/json")
+
+            def _send(self, status: int, body: bytes, content_type: str) -> None:
+                self.send_response(status)
+                self.send_header("content-type", content_type)
+                self.send_header("content-length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def log_message(self, format: str, *args: Any) -> None:
+                return
+
+        self._http = ThreadingHTTPServer((self.config.listen_host, self.config.listen_port), Handler)
+        self._http.daemon_threads = True
+        threading.Thread(target=self._http.serve_forever, name="sentinel-agent-http", daemon=True).start()
+        return int(self._http.server_address[1])
+
+    # -- lifecycle -----------------------------------------------------------------------------
+
+    def start(self) -> None:
+        for source in self.sources:
+            source.start(self.on_event)
+        self.pusher.start()
+        threading.Thread(target=self._poll_commands, name="sentinel-agent-commands", daemon=True).start()
+
+    def run_forever(self) -> None:
+        """Collect and report every interval until stopped; intervals are kept on a fixed grid."""
+        next_at = time.monotonic()
+        while not self._stop.is_set():
+            try:
+                self.report_now(self.collect())
+            except Exception:
+                log.exception("collection failed this interval: node=%s", self.config.node)
+            next_at += self.config.interval_seconds
+            self._stop.wait(max(0.0, next_at - time.monotonic()))
+
+    def stop(self, drain_seconds: float = 2.0) -> None:
+        self._stop.set()
+        self.pusher.stop(drain_seconds=drain_seconds)
+        for source in self.sources:
+            source.close()
+        if self._http is not None:
+            self._http.shutdown()
+        self.client.close()

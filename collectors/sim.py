@@ -1,0 +1,178 @@
+"""`sim:N` — N simulated accelerators that stand in for NVML where there is no GPU.
+
+Readings follow real load: the CPU share and resident memory of the task processes the server
+placed on an accelerator drive its utilization, memory, power and temperature. Faults injected
+with `sentinel inject` are reported the way NVML would (an XID event, ECC counters, thermal
+throttling, the device going missing). Everything it reports says `sim` in its uuid and model.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import psutil
+
+from collectors.base import Collector, EmitEvent, Readings, register
+from sentinel.telemetry.schemas import AcceleratorInfo, AcceleratorSample, Assignment, HardwareEvent, ProcessMemory
+
+log = logging.getLogger("sentinel.agent.sim")
+
+SIM_MODEL = "sim-h100-80gb"
+SIM_MEMORY_BYTES = 80 * 2**30
+IDLE_WATTS, MAX_WATTS = 70.0, 700.0
+BASE_MEMORY_BYTES = 512 * 2**20
+FAULTS = ("xid", "ecc", "thermal", "hang", "slow", "offline", "clear")
+
+
+@dataclass
+class SimFaults:
+    xid_counts: dict[str, int] = field(default_factory=dict)
+    ecc_uncorrected: int = 0
+    ecc_corrected: int = 0
+    thermal: bool = False
+    hang: bool = False
+    slow_factor: float = 1.0
+    offline: bool = False
+
+
+def _process_load(pid: int) -> tuple[float, int]:
+    """CPU share (0-1 of one core) and RSS of a process and its children; (0, 0) once it is gone."""
+    try:
+        proc = psutil.Process(pid)
+        procs = [proc, *proc.children(recursive=True)]
+    except psutil.Error:
+        return 0.0, 0
+    cpu, rss = 0.0, 0
+    for p in procs:
+        try:
+            with p.oneshot():
+                cpu += p.cpu_percent(None) / 100.0
+                rss += p.memory_info().rss
+        except psutil.Error:
+            continue
+    return cpu, rss
+
+
+class SimCollector(Collector):
+    name = "sim"
+
+    def __init__(self, count: int, node: str, *, clock: Callable[[], float] = time.time,
+                 process_load: Callable[[int], tuple[float, int]] = _process_load):
+        if count < 1 or count > 64:
+            raise ValueError("sim:N needs 1 ≤ N ≤ 64")
+        self._node = node
+        self._clock = clock
+        self._process_load = process_load
+        self._faults = [SimFaults() for _ in range(count)]
+        self._peaks = [0] * count
+        self._emit: EmitEvent | None = None
+        self._lock = threading.Lock()
+        self._infos = [AcceleratorInfo(uuid=f"SIM-{node}-{i}", index=i, model=SIM_MODEL,
+                                       memory_total_bytes=SIM_MEMORY_BYTES, source="sim", simulated=True)
+                       for i in range(count)]
+        log.warning("sim source: %d SIMULATED accelerators on node %s (no NVML; readings follow task load)",
+                    count, node)
+
+    def start(self, emit_event: EmitEvent) -> None:
+        self._emit = emit_event
+
+    def accelerators(self) -> list[AcceleratorInfo]:
+        return list(self._infos)
+
+    def uuid(self, index: int) -> str:
+        return self._infos[index].uuid
+
+    def collect(self, assignments: list[Assignment]) -> Readings:
+        load: dict[str, list[int]] = {}
+        for task in assignments:
+            for uuid in task.accelerators:
+                if task.pid:
+                    load.setdefault(uuid, []).append(task.pid)
+        samples = []
+        with self._lock:
+            for info, faults in zip(self._infos, self._faults, strict=True):
+                if faults.offline:
+                    continue
+                samples.append(self._sample(info, faults, load.get(info.uuid, [])))
+        return Readings(accelerators=samples)
+
+    def _sample(self, info: AcceleratorInfo, faults: SimFaults, pids: list[int]) -> AcceleratorSample:
+        cpu, procs = 0.0, []
+        for pid in pids:
+            share, rss = self._process_load(pid)
+            cpu += share
+            procs.append(ProcessMemory(pid=pid, used_bytes=rss))
+        utilization = 1.0 if faults.hang else min(1.0, cpu)
+        used = min(info.memory_total_bytes, BASE_MEMORY_BYTES + sum(p.used_bytes for p in procs))
+        self._peaks[info.index] = max(self._peaks[info.index], used)
+        temperature = 95.0 if faults.thermal else 32.0 + 45.0 * utilization
+        throttle = ["hw_thermal_slowdown"] if faults.thermal else []
+        clock_hz = 1.98e9 / faults.slow_factor
+        return AcceleratorSample(
+            uuid=info.uuid, utilization_ratio=utilization, memory_used_bytes=used,
+            memory_total_bytes=info.memory_total_bytes, memory_peak_bytes=self._peaks[info.index],
+            power_watts=IDLE_WATTS + (MAX_WATTS - IDLE_WATTS) * utilization, temperature_celsius=temperature,
+            sm_clock_hz=clock_hz, throttle_reasons=throttle, ecc_corrected_total=faults.ecc_corrected,
+            ecc_uncorrected_total=faults.ecc_uncorrected, retired_pages_total=0, remapped_rows_total=0,
+            remap_failure=False, pcie_replay_total=0, nvlink_errors_total=0,
+            xid_errors_total=dict(faults.xid_counts), processes=procs)
+
+    def inject(self, index: int, fault: str, argument: float | None = None) -> None:
+        """Make accelerator `index` report `fault` as NVML would; `clear` removes every fault."""
+        if not 0 <= index < len(self._faults):
+            raise ValueError(f"sim has accelerators 0..{len(self._faults) - 1}, not {index}")
+        if fault not in FAULTS:
+            raise ValueError(f"unknown fault {fault!r}; one of {', '.join(FAULTS)}")
+        uuid = self._infos[index].uuid
+        event: HardwareEvent | None = None
+        now = self._clock()
+        with self._lock:
+            faults = self._faults[index]
+            if fault == "xid":
+                code = int(argument if argument is not None else 79)
+                faults.xid_counts[str(code)] = faults.xid_counts.get(str(code), 0) + 1
+                event = HardwareEvent(kind="xid", accelerator_uuid=uuid, xid=code, message=f"XID {code} (simulated)",
+                                      observed_at=now)
+            elif fault == "ecc":
+                faults.ecc_uncorrected += 1
+                event = HardwareEvent(kind="ecc", accelerator_uuid=uuid, message="uncorrectable ECC error (simulated)",
+                                      observed_at=now)
+            elif fault == "thermal":
+                faults.thermal = True
+                event = HardwareEvent(kind="thermal", accelerator_uuid=uuid,
+                                      message="thermal slowdown at 95 C (simulated)", observed_at=now)
+            elif fault == "hang":
+                faults.hang = True
+            elif fault == "slow":
+                faults.slow_factor = max(1.0, float(argument or 2.0))
+            elif fault == "offline":
+                faults.offline = True
+                event = HardwareEvent(kind="offline", accelerator_uuid=uuid,
+                                      message="accelerator fell off the bus (simulated)", observed_at=now)
+            else:
+                self._faults[index] = SimFaults()
+                event = HardwareEvent(kind="clear", accelerator_uuid=uuid, message="simulated faults cleared",
+                                      observed_at=now)
+        log.warning("sim fault injected: node=%s accelerator=%d uuid=%s fault=%s argument=%s", self._node, index,
+                    uuid, fault, argument)
+        if event is not None and self._emit is not None:
+            self._emit(event)
+
+    def faults(self, index: int) -> SimFaults:
+        with self._lock:
+            return self._faults[index]
+
+
+def _factory(argument: str | None, node: str) -> SimCollector:
+    try:
+        count = int(argument or "4")
+    except ValueError as exc:
+        raise ValueError(f"sim:N needs a number, got {argument!r}") from exc
+    return SimCollector(count, node)
+
+
+register("sim", _factory)

@@ -1,0 +1,1 @@
+"""Alembic environment and versions: the schema is only ever built by these."""

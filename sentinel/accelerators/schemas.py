@@ -1,0 +1,24 @@
+from __future__ import annotations
+
+from datetime import datetime
+
+from pydantic import BaseModel, ConfigDict
+
+from sentinel.telemetry.schemas import AcceleratorSample
+
+
+class AcceleratorOut(BaseModel):
+    model_config = ConfigDict(from_attributes=True)
+
+    uuid: str
+    node: str = ""
+    index: int
+    model: str
+    memory_total_bytes: int
+    source: str
+    simulated: bool
+    health: str
+    health_reason: str
+    present: bool
+    sampled_at: datetime | None = None
+    latest: AcceleratorSample | None = None

@@ -1,0 +1,89 @@
+"""The FastAPI application: routers, edge validation, health checks and /metrics."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+from fastapi import APIRouter, Depends, FastAPI, Request, Response
+from fastapi.responses import JSONResponse
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from sqlalchemy import text
+
+from sentinel import __version__, errors
+from sentinel.accelerators.api import router as accelerators_router
+from sentinel.auth.api import router as tokens_router
+from sentinel.auth.deps import READ, allow
+from sentinel.clock import Clock
+from sentinel.config import Settings
+from sentinel.events.api import router as events_router
+from sentinel.jobs.api import router as jobs_router
+from sentinel.metrics import build_registry
+from sentinel.nodes.api import router as nodes_router
+from sentinel.nodes.liveness import flush_liveness
+from sentinel.runtime import Runtime
+from sentinel.scheduler import build_scheduler
+
+log = logging.getLogger("sentinel.server")
+
+
+def create_app(settings: Settings, clock: Clock | None = None, *, migrate: bool = True,
+               run_scheduler: bool = True) -> FastAPI:
+    runtime = Runtime.build(settings, clock)
+    registry = build_registry(runtime)
+
+    @asynccontextmanager
+    async def lifespan(_app: FastAPI) -> AsyncIterator[None]:
+        runtime.start(migrate=migrate)
+        scheduler = build_scheduler(runtime) if run_scheduler else None
+        if scheduler is not None:
+            scheduler.start()
+        log.info("server ready: database=%s nodes=%d", runtime.engine.url.render_as_string(hide_password=True),
+                 len(runtime.fleet.all()))
+        try:
+            yield
+        finally:
+            if scheduler is not None:
+                scheduler.shutdown(wait=False)
+            flush_liveness(runtime.factory, runtime.fleet)
+            runtime.stop()
+
+    app = FastAPI(title="Sentinel", version=__version__, lifespan=lifespan,
+                  description="Cluster observability and fault tolerance for accelerator clusters.")
+    app.state.runtime = runtime
+    app.state.registry = registry
+    errors.install(app)
+    app.add_middleware(errors.BodyLimit, max_bytes=settings.max_body_bytes)
+
+    api = APIRouter(prefix="/api/v1")
+    for router in (nodes_router, accelerators_router, jobs_router, events_router, tokens_router):
+        api.include_router(router)
+    app.include_router(api)
+
+    @app.get("/healthz", tags=["health"])
+    def healthz() -> dict[str, str]:
+        """Liveness of the process itself; no token needed."""
+        return {"status": "ok", "version": __version__}
+
+    @app.get("/readyz", tags=["health"])
+    def readyz() -> JSONResponse:
+        """Ready when migrations ran and the database answers."""
+        if not runtime.ready:
+            return JSONResponse({"status": "starting"}, status_code=503)
+        try:
+            with runtime.engine.connect() as conn:
+                conn.execute(text("SELECT 1"))
+        except Exception as exc:
+            return JSONResponse({"status": "database unreachable", "error": str(exc)[:200]}, status_code=503)
+        return JSONResponse({"status": "ready"})
+
+    def metrics_auth(request: Request) -> None:
+        if settings.metrics_require_token:
+            allow(READ)(request)
+
+    @app.get("/metrics", tags=["health"], dependencies=[Depends(metrics_auth)])
+    def metrics() -> Response:
+        return Response(generate_latest(registry), media_type=CONTENT_TYPE_LATEST)
+
+    return app

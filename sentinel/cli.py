@@ -1,0 +1,231 @@
+"""`sentinel …` — one entry point for the server, the agent, and the operator's commands."""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import logging
+import os
+import signal
+import sys
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from sentinel.client import ApiError, SentinelClient, resolve_token
+from sentinel.config import load_settings
+from sentinel.console import table
+
+LOG_FORMAT = "%(asctime)s %(levelname)-7s %(name)s: %(message)s"
+
+
+def _client(args: argparse.Namespace) -> SentinelClient:
+    return SentinelClient(args.server, resolve_token(args.token))
+
+
+def cmd_server(args: argparse.Namespace) -> int:
+    import uvicorn
+
+    from sentinel.app import create_app
+
+    settings = load_settings(args.config, host=args.host, port=args.port)
+    logging.getLogger().setLevel(settings.log_level)
+    app = create_app(settings)
+    uvicorn.run(app, host=settings.host, port=settings.port, log_level="warning", access_log=args.access_log,
+                server_header=False)
+    return 0
+
+
+def cmd_db_upgrade(args: argparse.Namespace) -> int:
+    from sentinel.db import upgrade
+
+    settings = load_settings(args.config)
+    upgrade(settings.effective_database_url)
+    print(f"schema is at head: {settings.effective_database_url.split('@')[-1]}")
+    return 0
+
+
+def cmd_token_create(args: argparse.Namespace) -> int:
+    from sentinel.audit.service import record
+    from sentinel.auth.service import create_token
+    from sentinel.db import make_engine, make_sessionmaker, transaction, upgrade
+
+    settings = load_settings(args.config)
+    url = settings.effective_database_url
+    upgrade(url)
+    engine = make_engine(url)
+    try:
+        with transaction(make_sessionmaker(engine)) as session:
+            secret = create_token(session, name=args.name, role=args.role)
+            record(session, actor=f"cli:{os.environ.get('USER', 'unknown')}", action="token.create",
+                   subject=f"token/{args.name}", detail={"role": args.role})
+    finally:
+        engine.dispose()
+    print(f"created {args.role} token {args.name!r}; it is shown once, store it now:", file=sys.stderr)
+    print(secret)
+    return 0
+
+
+def cmd_collector(args: argparse.Namespace) -> int:
+    from collectors.agent import Agent, AgentConfig
+
+    token = args.token or os.environ.get("SENTINEL_TOKEN")
+    if args.token_file:
+        token = Path(args.token_file).read_text().strip()
+    if not token:
+        print("error: an agent token is needed (--token, --token-file or SENTINEL_TOKEN)", file=sys.stderr)
+        return 2
+    host, _, port = args.listen.rpartition(":")
+    state_dir = Path(args.state_dir) if args.state_dir else load_settings().data_dir / "agent"
+    config = AgentConfig(server_url=args.server, token=token, node=args.node_name, sources=args.source or ["host"],
+                         interval_seconds=args.interval, listen_host=host or "127.0.0.1", listen_port=int(port),
+                         state_dir=state_dir, spool_max_reports=args.spool_max)
+    agent = Agent(config)
+    bound = agent.serve_http()
+    agent.start()
+    logging.getLogger("sentinel.agent").info(
+        "agent started: node=%s server=%s sources=%s interval=%gs metrics=http://%s:%d/metrics spool=%s",
+        config.node, config.server_url, ",".join(s.name for s in agent.sources), config.interval_seconds,
+        config.listen_host, bound, agent.spool.directory)
+    signal.signal(signal.SIGTERM, lambda *_: agent._stop.set())
+    with contextlib.suppress(KeyboardInterrupt):
+        agent.run_forever()
+    agent.stop()
+    return 0
+
+
+def cmd_status(args: argparse.Namespace) -> int:
+    client = _client(args)
+    nodes = client.get("/nodes")
+    accelerators = client.get("/accelerators")
+    jobs = client.get("/jobs", limit=20)
+    by_state: dict[str, int] = {}
+    for n in nodes:
+        by_state[n["state"]] = by_state.get(n["state"], 0) + 1
+    by_health: dict[str, int] = {}
+    for a in accelerators:
+        if a["present"]:
+            by_health[a["health"]] = by_health.get(a["health"], 0) + 1
+    print(f"server {client.server}: {len(nodes)} nodes, {sum(by_health.values())} accelerators, {len(jobs)} jobs\n")
+    print(table(["STATE", "NODES"], sorted(by_state.items())) + "\n")
+    print(table(["HEALTH", "ACCELERATORS"], sorted(by_health.items())) + "\n")
+    per_node: dict[str, list[str]] = {}
+    for a in accelerators:
+        per_node.setdefault(a["node"], []).append(a["health"][0].upper() if a["present"] else "-")
+    print(table(["NODE", "STATE", "LAST SEQ", "LAST SEEN", "ACCELERATORS (H healthy, S suspect, Q quarantined)"],
+                [(n["name"], n["state"], n["last_seq"], (n["last_seen_at"] or "-")[:19],
+                  "".join(per_node.get(n["name"], []))) for n in nodes]) + "\n")
+    print(table(["JOB", "NAME", "KIND", "STATE", "WORLD"],
+                [(j["id"], j["name"], j["kind"], j["state"], j["world_size"]) for j in jobs]))
+    return 0
+
+
+def cmd_jobs(args: argparse.Namespace) -> int:
+    jobs = _client(args).get("/jobs", state=args.state, limit=args.limit)
+    print(table(["JOB", "NAME", "KIND", "STATE", "WORLD", "CREATED"],
+                [(j["id"], j["name"], j["kind"], j["state"], j["world_size"], j["created_at"][:19]) for j in jobs]))
+    return 0
+
+
+def cmd_inject(args: argparse.Namespace) -> int:
+    argument = float(args.argument) if args.argument is not None else None
+    command = _client(args).post(f"/nodes/{args.node}/inject", {"accelerator_index": args.accelerator,
+                                                                 "fault": args.fault, "argument": argument})
+    print(f"queued {command['id']}: {args.fault} on node {args.node} accelerator {args.accelerator} (simulated)")
+    return 0
+
+
+def cmd_demo(args: argparse.Namespace) -> int:
+    from sentinel.demo import run_demo
+
+    return run_demo(data_dir=Path(args.data_dir) if args.data_dir else None, port=args.port,
+                    agent_port=args.agent_port, accelerators=args.accelerators, duration=args.duration)
+
+
+def _remote(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--server", default=None, help="server URL (default $SENTINEL_SERVER or http://127.0.0.1:9480)")
+    p.add_argument("--token", default=None, help="bearer token (default $SENTINEL_TOKEN or the local admin token)")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="sentinel", description=__doc__)
+    parser.add_argument("--config", default=None, help="TOML file with a [sentinel] table")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    p = sub.add_parser("server", help="run the central service")
+    p.add_argument("--host", default=None)
+    p.add_argument("--port", type=int, default=None)
+    p.add_argument("--access-log", action="store_true")
+    p.set_defaults(fn=cmd_server)
+
+    db = sub.add_parser("db", help="database schema").add_subparsers(dest="db_command", required=True)
+    db.add_parser("upgrade", help="apply migrations").set_defaults(fn=cmd_db_upgrade)
+
+    tok = sub.add_parser("token", help="API tokens").add_subparsers(dest="token_command", required=True)
+    p = tok.add_parser("create", help="create a token; prints it alone on the last line")
+    p.add_argument("--role", required=True, choices=["viewer", "agent", "launcher", "operator", "admin"])
+    p.add_argument("--name", required=True)
+    p.set_defaults(fn=cmd_token_create)
+
+    p = sub.add_parser("collector", help="run the node agent")
+    p.add_argument("--server", default=os.environ.get("SENTINEL_SERVER", "http://127.0.0.1:9480"))
+    p.add_argument("--token", default=None)
+    p.add_argument("--token-file", default=None)
+    p.add_argument("--node-name", default=os.uname().nodename)
+    p.add_argument("--source", action="append", help="host, nvml or sim:N; repeat for several")
+    p.add_argument("--interval", type=float, default=5.0, help="seconds between reports")
+    p.add_argument("--listen", default="127.0.0.1:9481", help="address of the agent's /metrics")
+    p.add_argument("--state-dir", default=None, help="spool and seq (default: <data dir>/agent)")
+    p.add_argument("--spool-max", type=int, default=10_000, help="reports kept on disk while the server is away")
+    p.set_defaults(fn=cmd_collector)
+
+    p = sub.add_parser("status", help="the fleet as tables")
+    _remote(p)
+    p.set_defaults(fn=cmd_status)
+
+    p = sub.add_parser("jobs", help="registered jobs")
+    _remote(p)
+    p.add_argument("--state", default=None)
+    p.add_argument("--limit", type=int, default=50)
+    p.set_defaults(fn=cmd_jobs)
+
+    p = sub.add_parser("inject", help="fault drill on a simulated accelerator")
+    _remote(p)
+    p.add_argument("--node", required=True)
+    p.add_argument("--accelerator", type=int, required=True, help="accelerator index on the node")
+    p.add_argument("fault", choices=["xid", "ecc", "thermal", "hang", "slow", "offline", "clear"])
+    p.add_argument("argument", nargs="?", default=None, help="XID code for xid, factor for slow")
+    p.set_defaults(fn=cmd_inject)
+
+    p = sub.add_parser("demo", help="the embedded default: server + a local agent with simulated accelerators")
+    p.add_argument("--data-dir", default=None)
+    p.add_argument("--port", type=int, default=9480)
+    p.add_argument("--agent-port", type=int, default=9481)
+    p.add_argument("--accelerators", type=int, default=4)
+    p.add_argument("--duration", type=float, default=None, help="stop after this many seconds")
+    p.set_defaults(fn=cmd_demo)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    logging.basicConfig(level=logging.INFO, format=LOG_FORMAT, stream=sys.stderr)
+    for noisy in ("httpx", "apscheduler", "alembic"):
+        logging.getLogger(noisy).setLevel(logging.WARNING)
+    args = build_parser().parse_args(argv)
+    fn: Any = args.fn
+    try:
+        return int(fn(args))
+    except ApiError as exc:
+        print(f"error: the server answered {exc.status}: {exc.detail}", file=sys.stderr)
+        return 1
+    except httpx.HTTPError as exc:
+        print(f"error: cannot reach the server: {exc}", file=sys.stderr)
+        return 1
+    except OSError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,61 @@
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from sentinel.telemetry.schemas import Name, Uuid
+
+
+class JobCreate(BaseModel):
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
+
+    name: Name
+    kind: Literal["training", "serving"] = "training"
+    world_size: Annotated[int, Field(ge=1, le=100_000)]
+    attributes: Annotated[dict[Annotated[str, Field(max_length=64)], Any], Field(max_length=64)] = {}
+
+
+class TaskCreate(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    rank: Annotated[int, Field(ge=0)]
+    node: Name
+    accelerators: Annotated[list[Uuid], Field(max_length=64)] = []
+    pid: Annotated[int, Field(ge=1, le=2**31)] | None = None
+    attempt: Annotated[int, Field(ge=0, le=100_000)] = 0
+
+
+class TaskOut(BaseModel):
+    model_config = ConfigDict(from_attributes=True)
+
+    id: int
+    job_id: int
+    rank: int
+    attempt: int
+    node: str
+    accelerators: list[str]
+    pid: int | None
+    state: str
+    exit_code: int | None
+    started_at: datetime
+    ended_at: datetime | None
+
+
+class JobOut(BaseModel):
+    model_config = ConfigDict(from_attributes=True)
+
+    id: int
+    name: str
+    kind: str
+    state: str
+    world_size: int
+    owner: str
+    attributes: dict[str, Any]
+    created_at: datetime
+    updated_at: datetime
+
+
+class JobDetail(JobOut):
+    tasks: list[TaskOut] = []

@@ -1,0 +1,12 @@
+"""Every domain's tables, imported in one place for Alembic's metadata."""
+
+from sentinel.accelerators.models import Accelerator
+from sentinel.audit.models import AuditEntry
+from sentinel.auth.models import ApiToken
+from sentinel.db import Base
+from sentinel.events.models import Event
+from sentinel.jobs.models import Job, Task
+from sentinel.nodes.models import Node
+from sentinel.telemetry.models import ReportReceipt
+
+__all__ = ["Accelerator", "ApiToken", "AuditEntry", "Base", "Event", "Job", "Node", "ReportReceipt", "Task"]

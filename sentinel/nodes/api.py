@@ -1,0 +1,161 @@
+"""Node routes: registration and reports from agents, views and cordons for people."""
+
+from __future__ import annotations
+
+import logging
+from typing import Annotated, Literal
+
+from fastapi import APIRouter, Body, Depends, HTTPException, Query, Request
+from pydantic import ValidationError
+
+from sentinel.accelerators.api import with_latest
+from sentinel.accelerators.schemas import AcceleratorOut
+from sentinel.audit.service import record
+from sentinel.auth.deps import AGENT, OPERATE, READ, allow
+from sentinel.auth.service import Principal
+from sentinel.db import transaction
+from sentinel.deps import not_found, runtime
+from sentinel.errors import validation_problem
+from sentinel.nodes import service
+from sentinel.nodes.schemas import CordonRequest, InjectRequest, NodeDetail, NodeOut, RegistrationOut
+from sentinel.runtime import Runtime
+from sentinel.telemetry.ingest import IngestError
+from sentinel.telemetry.schemas import NodeCommand, NodeRegistration, NodeReport, ReportAck
+
+log = logging.getLogger("sentinel.nodes")
+router = APIRouter(prefix="/nodes", tags=["nodes"])
+
+RT = Annotated[Runtime, Depends(runtime)]
+
+
+def _detail(rt: Runtime, node: object, accelerators: list[object]) -> NodeDetail:
+    detail = NodeDetail.model_validate(node)
+    accs = [with_latest(rt, AcceleratorOut.model_validate(a).model_copy(update={"node": detail.name}))
+            for a in accelerators]
+    live = rt.fleet.get(detail.name)
+    update: dict[str, object] = {"accelerators": accs}
+    if live is not None:
+        update |= {"state": live.state, "last_seq": max(live.last_seq, detail.last_seq)}
+    return detail.model_copy(update=update)
+
+
+@router.post("/register", response_model=RegistrationOut)
+def register(reg: NodeRegistration, rt: RT, who: Annotated[Principal, Depends(allow(AGENT))]) -> RegistrationOut:
+    try:
+        with transaction(rt.factory) as session:
+            node, accelerators = service.register_node(session, reg)
+            present = {a.uuid for a in accelerators if a.present}
+            live = rt.fleet.apply(node, present, last_seen=rt.clock.time())
+            detail = _detail(rt, node, list(accelerators))
+    except service.AcceleratorConflict as exc:
+        raise HTTPException(422, str(exc)) from exc
+    log.info("node registered: node=%s accelerators=%d sources=%s by=%s", reg.name, len(reg.accelerators),
+             ",".join(reg.sources), who.actor)
+    return RegistrationOut(node=detail, last_seq=live.last_seq)
+
+
+REPORT_BODY = {"requestBody": {"required": True, "content": {"application/json": {
+    "schema": NodeReport.model_json_schema(ref_template="#/components/schemas/{model}")}}}}
+
+
+@router.post("/{node}/reports", response_model=ReportAck, openapi_extra=REPORT_BODY,
+             dependencies=[Depends(allow(AGENT))])
+async def post_report(node: str, request: Request, rt: RT) -> ReportAck:
+    """Idempotent on (node, seq): a replay is acknowledged as `duplicate` and not counted twice."""
+    body = await request.body()
+    try:
+        report = NodeReport.model_validate_json(body)
+    except ValidationError as exc:
+        rt.ingest.reject("invalid", 400, "")
+        raise validation_problem(exc) from exc
+    try:
+        outcome = await rt.ingest.accept(report, node)
+    except IngestError as exc:
+        raise HTTPException(exc.status, exc.message) from exc
+    except Exception as exc:
+        log.exception("report not stored: node=%s seq=%d", report.node, report.seq)
+        raise HTTPException(503, "the report could not be stored; retry later") from exc
+    with rt.assignments_lock:
+        assignments = rt.assignments.get(outcome.live.id, [])
+    return ReportAck(status="duplicate" if outcome.duplicate else "accepted", node=node, seq=report.seq,
+                     assignments=assignments, commands=rt.commands.take(node))
+
+
+@router.get("", response_model=list[NodeOut], dependencies=[Depends(allow(READ))])
+def get_nodes(rt: RT, state: Literal["active", "cordoned", "draining", "down"] | None = None,
+              limit: Annotated[int, Query(ge=1, le=20_000)] = 1000,
+              offset: Annotated[int, Query(ge=0)] = 0) -> list[NodeOut]:
+    with rt.factory() as session:
+        rows = service.list_nodes(session, limit=limit, offset=offset)
+    out = []
+    for row in rows:
+        item = NodeOut.model_validate(row)
+        live = rt.fleet.get(item.name)
+        if live is not None:
+            item = item.model_copy(update={"state": live.state, "last_seq": max(live.last_seq, item.last_seq)})
+        if state is None or item.state == state:
+            out.append(item)
+    return out
+
+
+@router.get("/{node}", response_model=NodeDetail, dependencies=[Depends(allow(READ))])
+def get_node(node: str, rt: RT) -> NodeDetail:
+    with rt.factory() as session:
+        try:
+            row = service.get_node(session, node)
+        except service.NodeNotFound as exc:
+            raise not_found(exc) from exc
+        return _detail(rt, row, list(service.node_accelerators(session, row.id)))
+
+
+def _set_admin_state(rt: Runtime, node: str, admin_state: str, reason: str, who: Principal) -> NodeDetail:
+    with transaction(rt.factory) as session:
+        try:
+            row = service.get_node(session, node)
+        except service.NodeNotFound as exc:
+            raise not_found(exc) from exc
+        service.set_admin_state(session, row, admin_state=admin_state, reason=reason, actor=who.actor)
+        session.flush()
+        rt.fleet.apply(row)
+        detail = _detail(rt, row, list(service.node_accelerators(session, row.id)))
+    log.info("node %s: node=%s by=%s reason=%r", admin_state, node, who.actor, reason)
+    return detail
+
+
+@router.post("/{node}/cordon", response_model=NodeDetail)
+def cordon(node: str, rt: RT, who: Annotated[Principal, Depends(allow(OPERATE))],
+           body: Annotated[CordonRequest | None, Body()] = None) -> NodeDetail:
+    return _set_admin_state(rt, node, "cordoned", (body or CordonRequest()).reason, who)
+
+
+@router.post("/{node}/uncordon", response_model=NodeDetail)
+def uncordon(node: str, rt: RT, who: Annotated[Principal, Depends(allow(OPERATE))],
+             body: Annotated[CordonRequest | None, Body()] = None) -> NodeDetail:
+    return _set_admin_state(rt, node, "active", (body or CordonRequest()).reason, who)
+
+
+@router.post("/{node}/inject", response_model=NodeCommand, status_code=202)
+def inject(node: str, spec: InjectRequest, rt: RT, who: Annotated[Principal, Depends(allow(OPERATE))]) -> NodeCommand:
+    """A fault drill on a simulated accelerator; the agent picks it up at once (long-poll)."""
+    live = rt.fleet.get(node)
+    if live is None:
+        raise HTTPException(404, f"node {node!r} is not registered")
+    if not any(s.startswith("sim") for s in live.sources):
+        raise HTTPException(409, f"node {node!r} has no simulated accelerators; drills run on `sim` sources only")
+    with transaction(rt.factory) as session:
+        record(session, actor=who.actor, action="node.inject", subject=f"node/{node}",
+               detail=spec.model_dump())
+    command = rt.commands.push(node, kind="inject", accelerator_index=spec.accelerator_index, fault=spec.fault,
+                               argument=spec.argument)
+    log.info("fault drill queued: node=%s accelerator=%d fault=%s by=%s", node, spec.accelerator_index,
+             spec.fault, who.actor)
+    return command
+
+
+@router.get("/{node}/commands", response_model=list[NodeCommand], dependencies=[Depends(allow(AGENT))])
+async def commands(node: str, rt: RT, wait: Annotated[float, Query(ge=0, le=60)] = 0) -> list[NodeCommand]:
+    if rt.fleet.get(node) is None:
+        raise HTTPException(404, f"node {node!r} is not registered")
+    if wait <= 0:
+        return rt.commands.take(node)
+    return await rt.commands.wait(node, wait)

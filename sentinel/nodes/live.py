@@ -1,0 +1,121 @@
+"""What the server knows about each node between database writes.
+
+Liveness is tracked here, not in SQL: a report updates memory only, and `dirty` nodes are flushed
+in batches. State changes (down, up, cordon) are written at once by the edge that makes them.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import deque
+from dataclasses import dataclass, field
+
+from sqlalchemy import func, select
+from sqlalchemy.orm import Session
+
+from sentinel.accelerators.models import Accelerator
+from sentinel.nodes.models import Node
+from sentinel.telemetry.models import ReportReceipt
+
+RECENT_SEQS = 4096
+
+
+@dataclass
+class NodeLive:
+    id: int
+    name: str
+    state: str
+    admin_state: str
+    interval_seconds: float
+    last_seq: int
+    last_seen: float
+    accelerators: set[str] = field(default_factory=set)
+    sources: list[str] = field(default_factory=list)
+    recent: set[int] = field(default_factory=set)
+    recent_order: deque[int] = field(default_factory=deque)
+    pending: set[int] = field(default_factory=set)
+    dirty: bool = False
+
+    def remember(self, seq: int) -> None:
+        """Keep the last few thousand accepted seqs so a replay is recognised without a query."""
+        self.recent.add(seq)
+        self.recent_order.append(seq)
+        while len(self.recent_order) > RECENT_SEQS:
+            self.recent.discard(self.recent_order.popleft())
+        self.last_seq = max(self.last_seq, seq)
+
+
+class Fleet:
+    """Nodes by name, guarded by one lock shared by ingest, liveness and the API."""
+
+    def __init__(self) -> None:
+        self.lock = threading.RLock()
+        self._nodes: dict[str, NodeLive] = {}
+
+    def load(self, session: Session, now: float) -> None:
+        """Fill from the database. Nodes get a fresh grace period: the server's own downtime is not theirs."""
+        accelerators: dict[int, set[str]] = {}
+        for node_id, uuid in session.execute(
+            select(Accelerator.node_id, Accelerator.uuid).where(Accelerator.present.is_(True))
+        ):
+            accelerators.setdefault(node_id, set()).add(uuid)
+        # Receipts are written with each report, node.last_seq only in batches: trust the receipts.
+        query = select(ReportReceipt.node_id, func.max(ReportReceipt.seq)).group_by(ReportReceipt.node_id)
+        stored: dict[int, int] = {node_id: seq for node_id, seq in session.execute(query)}
+        with self.lock:
+            self._nodes.clear()
+            for node in session.scalars(select(Node)):
+                live = self.apply(node, accelerators.get(node.id, set()), last_seen=now)
+                live.last_seq = max(live.last_seq, stored.get(node.id) or 0)
+
+    def apply(self, node: Node, accelerators: set[str] | None = None, *, last_seen: float | None = None) -> NodeLive:
+        """Mirror a committed row into memory, keeping what only memory knows."""
+        with self.lock:
+            live = self._nodes.get(node.name)
+            if live is None:
+                seen = last_seen if last_seen is not None else 0.0
+                live = NodeLive(id=node.id, name=node.name, state=node.state, admin_state=node.admin_state,
+                                interval_seconds=node.interval_seconds, last_seq=node.last_seq, last_seen=seen)
+                self._nodes[node.name] = live
+            live.state, live.admin_state = node.state, node.admin_state
+            live.interval_seconds = node.interval_seconds
+            live.last_seq = max(live.last_seq, node.last_seq)
+            live.sources = list(node.sources)
+            if last_seen is not None:
+                live.last_seen = max(live.last_seen, last_seen)
+            if accelerators is not None:
+                live.accelerators = set(accelerators)
+            return live
+
+    def get(self, name: str) -> NodeLive | None:
+        with self.lock:
+            return self._nodes.get(name)
+
+    def by_id(self, node_id: int) -> NodeLive | None:
+        with self.lock:
+            return next((n for n in self._nodes.values() if n.id == node_id), None)
+
+    def all(self) -> list[NodeLive]:
+        with self.lock:
+            return list(self._nodes.values())
+
+    def count_by_state(self) -> dict[str, int]:
+        counts = {"active": 0, "cordoned": 0, "draining": 0, "down": 0}
+        with self.lock:
+            for live in self._nodes.values():
+                counts[live.state] = counts.get(live.state, 0) + 1
+        return counts
+
+    def overdue(self, now: float, missed_intervals: int) -> list[NodeLive]:
+        """Nodes that have missed `missed_intervals` of their own reporting intervals."""
+        with self.lock:
+            return [n for n in self._nodes.values()
+                    if n.state != "down" and now - n.last_seen > missed_intervals * n.interval_seconds]
+
+    def take_dirty(self) -> list[tuple[int, int, float]]:
+        """(node id, last seq, last seen) of nodes whose liveness changed since the last flush."""
+        with self.lock:
+            out = [(n.id, n.last_seq, n.last_seen) for n in self._nodes.values() if n.dirty]
+            for n in self._nodes.values():
+                n.dirty = False
+            return out

@@ -1,0 +1,106 @@
+"""Node registration and administrative state. Functions take a session and never commit."""
+
+from __future__ import annotations
+
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
+from sentinel.accelerators.models import Accelerator
+from sentinel.audit.service import record
+from sentinel.db import utcnow
+from sentinel.events.service import record_event
+from sentinel.nodes.models import Node
+from sentinel.telemetry.schemas import NodeRegistration
+
+
+class NodeNotFound(LookupError):
+    pass
+
+
+class AcceleratorConflict(ValueError):
+    pass
+
+
+def get_node(session: Session, name: str) -> Node:
+    node = session.scalar(select(Node).where(Node.name == name))
+    if node is None:
+        raise NodeNotFound(f"node {name!r} is not registered")
+    return node
+
+
+def list_nodes(session: Session, *, state: str | None = None, limit: int = 1000, offset: int = 0) -> list[Node]:
+    query = select(Node).order_by(Node.name).limit(limit).offset(offset)
+    if state is not None:
+        query = query.where(Node.state == state)
+    return list(session.scalars(query))
+
+
+def node_accelerators(session: Session, node_id: int) -> list[Accelerator]:
+    return list(session.scalars(select(Accelerator).where(Accelerator.node_id == node_id)
+                                .order_by(Accelerator.present.desc(), Accelerator.index)))
+
+
+def register_node(session: Session, reg: NodeRegistration) -> tuple[Node, list[Accelerator]]:
+    """Create or refresh a node and its accelerators. An accelerator that disappeared is kept, marked absent."""
+    uuids = [a.uuid for a in reg.accelerators]
+    if len(set(uuids)) != len(uuids):
+        raise AcceleratorConflict("registration lists the same accelerator uuid twice")
+    node = session.scalar(select(Node).where(Node.name == reg.name))
+    if node is None:
+        node = Node(name=reg.name, state="active", admin_state="active", last_seq=0, labels={}, sources=[])
+        session.add(node)
+        session.flush()
+        record_event(session, kind="node_registered", node_id=node.id,
+                     message=f"node {reg.name} registered with {len(uuids)} accelerators")
+    node.hostname, node.interval_seconds, node.agent_version = reg.hostname, reg.interval_seconds, reg.agent_version
+    node.sources, node.labels = list(reg.sources), dict(reg.labels)
+    node.last_seen_at = utcnow()
+    existing = {a.uuid: a for a in session.scalars(select(Accelerator).where(
+        (Accelerator.node_id == node.id) | Accelerator.uuid.in_(uuids)))}
+    for info in reg.accelerators:
+        row = existing.get(info.uuid)
+        if row is None:
+            row = Accelerator(uuid=info.uuid, node_id=node.id, health="healthy", health_reason="")
+            session.add(row)
+        elif row.node_id != node.id:
+            record_event(session, kind="accelerator_moved", node_id=node.id, accelerator_uuid=info.uuid,
+                         message=f"accelerator {info.uuid} moved to node {reg.name}")
+            row.node_id = node.id
+        row.index, row.model, row.memory_total_bytes = info.index, info.model, info.memory_total_bytes
+        row.source, row.simulated, row.present = info.source, info.simulated, True
+    for uuid, row in existing.items():
+        if row.node_id == node.id and uuid not in uuids and row.present:
+            row.present = False
+            record_event(session, kind="accelerator_gone", severity="warning", node_id=node.id,
+                         accelerator_uuid=uuid,
+                         message=f"accelerator {uuid} (index {row.index}) is no longer reported by {reg.name}")
+    session.flush()
+    return node, node_accelerators(session, node.id)
+
+
+def set_admin_state(session: Session, node: Node, *, admin_state: str, reason: str, actor: str) -> Node:
+    """Cordon or uncordon. A down node keeps showing `down` until it reports, then takes this state."""
+    if node.admin_state == admin_state:
+        return node
+    previous = node.admin_state
+    node.admin_state = admin_state
+    if node.state != "down":
+        node.state = admin_state
+        node.state_changed_at = utcnow()
+    node.state_reason = reason or f"{admin_state} by {actor}"
+    verb = "cordon" if admin_state == "cordoned" else "uncordon"
+    record(session, actor=actor, action=f"node.{verb}", subject=f"node/{node.name}", reason=reason,
+           detail={"from": previous, "to": admin_state})
+    record_event(session, kind=f"node_{admin_state}", node_id=node.id,
+                 message=f"node {node.name} {admin_state} by {actor}" + (f": {reason}" if reason else ""))
+    return node
+
+
+def mark_down(session: Session, node_id: int, *, reason: str) -> Node | None:
+    node = session.get(Node, node_id)
+    if node is None or node.state == "down":
+        return None
+    node.state, node.state_reason, node.state_changed_at = "down", reason, utcnow()
+    record_event(session, kind="node_down", severity="critical", node_id=node.id,
+                 message=f"node {node.name} is down: {reason}")
+    return node

@@ -1,0 +1,92 @@
+"""Everything one server process holds: database handles, in-memory fleet view, ingest, scheduler.
+
+Built from settings and an injected clock; nothing starts until `start()`.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+from dataclasses import dataclass, field
+
+from sqlalchemy import Engine
+from sqlalchemy.orm import Session, sessionmaker
+
+from sentinel.auth.service import TokenCache, count_tokens, create_token
+from sentinel.clock import Clock, SystemClock
+from sentinel.config import Settings
+from sentinel.db import make_engine, make_sessionmaker, transaction, upgrade
+from sentinel.jobs.service import assignments_by_node
+from sentinel.nodes.commands import CommandQueue
+from sentinel.nodes.live import Fleet
+from sentinel.telemetry.ingest import Ingest
+from sentinel.telemetry.samples import SampleStore
+from sentinel.telemetry.schemas import Assignment
+from sentinel.telemetry.writer import GroupCommitWriter
+
+log = logging.getLogger("sentinel.server")
+
+
+@dataclass
+class Runtime:
+    settings: Settings
+    clock: Clock
+    engine: Engine
+    factory: sessionmaker[Session]
+    fleet: Fleet
+    samples: SampleStore
+    ingest: Ingest
+    tokens: TokenCache
+    commands: CommandQueue
+    assignments: dict[int, list[Assignment]] = field(default_factory=dict)
+    assignments_lock: threading.Lock = field(default_factory=threading.Lock)
+    plugin_errors: dict[str, int] = field(default_factory=dict)
+    ready: bool = False
+
+    @classmethod
+    def build(cls, settings: Settings, clock: Clock | None = None) -> Runtime:
+        clock = clock or SystemClock()
+        engine = make_engine(settings.effective_database_url)
+        factory = make_sessionmaker(engine)
+        fleet = Fleet()
+        samples = SampleStore(settings.window_samples)
+        ingest = Ingest(factory=factory, fleet=fleet, samples=samples, clock=clock,
+                        writer=GroupCommitWriter(factory))
+        return cls(settings=settings, clock=clock, engine=engine, factory=factory, fleet=fleet,
+                   samples=samples, ingest=ingest, tokens=TokenCache(factory), commands=CommandQueue())
+
+    def start(self, migrate: bool = True) -> None:
+        if migrate:
+            upgrade(self.settings.effective_database_url)
+        self.bootstrap_admin_token()
+        with self.factory() as session:
+            self.fleet.load(session, now=self.clock.time())
+            self.assignments = assignments_by_node(session)
+        self.ingest.writer.start()
+        self.ready = True
+
+    def stop(self) -> None:
+        self.ready = False
+        self.ingest.writer.stop()
+        self.engine.dispose()
+
+    def refresh_assignments(self) -> None:
+        with self.factory() as session:
+            fresh = assignments_by_node(session)
+        with self.assignments_lock:
+            self.assignments = fresh
+
+    def bootstrap_admin_token(self) -> None:
+        """On an empty database, make the first admin token and say once where it is. No default secret exists."""
+        path = self.settings.admin_token_file
+        with transaction(self.factory) as session:
+            if count_tokens(session) > 0:
+                return
+            secret = create_token(session, name="bootstrap-admin", role="admin")
+            path.parent.mkdir(parents=True, exist_ok=True)
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+            with os.fdopen(fd, "w") as fh:
+                fh.write(secret + "\n")
+        log.warning("first start: created an admin token; read it with `cat %s` (mode 0600), store it, "
+                    "then delete the file. Make narrower tokens with `sentinel token create`.", path)

@@ -1,0 +1,135 @@
+"""The wire contract between a node agent and the central service.
+
+Imported by the agent as well as the server, so it depends on pydantic alone. Every float
+rejects NaN and Inf, every list and string is bounded: validation happens at the edge.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+Name = Annotated[str, Field(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9][A-Za-z0-9._:@-]*$")]
+Uuid = Annotated[str, Field(min_length=1, max_length=96, pattern=r"^[A-Za-z0-9][A-Za-z0-9._:-]*$")]
+Ratio = Annotated[float, Field(ge=0.0, le=1.0)]
+Count = Annotated[int, Field(ge=0, le=2**63 - 1)]
+Bytes = Annotated[int, Field(ge=0, le=2**63 - 1)]
+Label = Annotated[str, Field(max_length=256)]
+
+EVENT_KINDS = ("xid", "ecc", "thermal", "power", "offline", "hang", "slow", "remap", "clear", "other")
+EventKind = Literal["xid", "ecc", "thermal", "power", "offline", "hang", "slow", "remap", "clear", "other"]
+
+
+class WireModel(BaseModel):
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False, frozen=False)
+
+
+class AcceleratorInfo(WireModel):
+    """What an accelerator is: sent once at registration."""
+
+    uuid: Uuid
+    index: Annotated[int, Field(ge=0, le=1023)]
+    model: Annotated[str, Field(min_length=1, max_length=128)]
+    memory_total_bytes: Bytes
+    source: Annotated[str, Field(min_length=1, max_length=32)]
+    simulated: bool = False
+
+
+class NodeRegistration(WireModel):
+    name: Name
+    hostname: Annotated[str, Field(max_length=255)] = ""
+    interval_seconds: Annotated[float, Field(gt=0.0, le=3600.0)] = 10.0
+    agent_version: Annotated[str, Field(max_length=64)] = ""
+    sources: Annotated[list[Annotated[str, Field(max_length=64)]], Field(max_length=16)] = []
+    accelerators: Annotated[list[AcceleratorInfo], Field(max_length=64)] = []
+    labels: Annotated[dict[Label, Label], Field(max_length=32)] = {}
+
+
+class ProcessMemory(WireModel):
+    pid: Annotated[int, Field(ge=0, le=2**31)]
+    used_bytes: Bytes
+
+
+class HostMetrics(WireModel):
+    cpu_ratio: Ratio
+    load1: Annotated[float, Field(ge=0.0)] = 0.0
+    memory_used_bytes: Bytes
+    memory_total_bytes: Bytes
+    disk_used_bytes: Bytes = 0
+    disk_total_bytes: Bytes = 0
+    net_rx_bytes_total: Count = 0
+    net_tx_bytes_total: Count = 0
+    task_memory: Annotated[list[ProcessMemory], Field(max_length=1024)] = []
+
+
+class AcceleratorSample(WireModel):
+    """One reading of one accelerator. Optional fields are those a source may not have."""
+
+    uuid: Uuid
+    utilization_ratio: Ratio
+    memory_used_bytes: Bytes
+    memory_total_bytes: Bytes
+    memory_peak_bytes: Bytes | None = None
+    power_watts: Annotated[float, Field(ge=0.0, le=1e5)] | None = None
+    temperature_celsius: Annotated[float, Field(ge=-273.15, le=1000.0)] | None = None
+    sm_clock_hz: Annotated[float, Field(ge=0.0)] | None = None
+    throttle_reasons: Annotated[list[Annotated[str, Field(max_length=64)]], Field(max_length=16)] = []
+    ecc_corrected_total: Count | None = None
+    ecc_uncorrected_total: Count | None = None
+    retired_pages_total: Count | None = None
+    remapped_rows_total: Count | None = None
+    remap_failure: bool | None = None
+    pcie_replay_total: Count | None = None
+    nvlink_errors_total: Count | None = None
+    xid_errors_total: Annotated[dict[str, Count], Field(max_length=64)] = {}
+    processes: Annotated[list[ProcessMemory], Field(max_length=256)] = []
+
+
+class HardwareEvent(WireModel):
+    """A fault seen on a node, pushed at once rather than at the next interval."""
+
+    kind: EventKind
+    accelerator_uuid: Uuid | None = None
+    xid: Annotated[int, Field(ge=0, le=100_000)] | None = None
+    message: Annotated[str, Field(max_length=1024)] = ""
+    observed_at: Annotated[float, Field(ge=0.0)]
+
+
+class NodeReport(WireModel):
+    """Everything one node says in one interval; `seq` only grows, per node."""
+
+    node: Name
+    seq: Annotated[int, Field(ge=1, le=2**62)]
+    sent_at: Annotated[float, Field(ge=0.0)]
+    interval_seconds: Annotated[float, Field(gt=0.0, le=3600.0)] = 10.0
+    host: HostMetrics | None = None
+    accelerators: Annotated[list[AcceleratorSample], Field(max_length=64)] = []
+    events: Annotated[list[HardwareEvent], Field(max_length=256)] = []
+
+
+class Assignment(BaseModel):
+    """A task placed on this node, so the agent can watch its process and drive sim load."""
+
+    job_id: int
+    rank: int
+    pid: int | None
+    accelerators: list[str]
+
+
+class NodeCommand(BaseModel):
+    """An instruction for the agent, e.g. a fault drill on a simulated accelerator."""
+
+    id: str
+    kind: Literal["inject"]
+    accelerator_index: int
+    fault: str
+    argument: float | None = None
+
+
+class ReportAck(BaseModel):
+    status: Literal["accepted", "duplicate"]
+    node: str
+    seq: int
+    assignments: list[Assignment] = []
+    commands: list[NodeCommand] = []
