@@ -58,7 +58,8 @@ class Pusher:
                 deadline.wait(0.05)
         self._stop.set()
         self._wake.set()
-        self._thread.join(timeout=10)
+        if self._thread.is_alive():
+            self._thread.join(timeout=10)
 
     def register(self) -> bool:
         try:

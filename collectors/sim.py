@@ -39,34 +39,49 @@ class SimFaults:
     offline: bool = False
 
 
-def _process_load(pid: int) -> tuple[float, int]:
-    """CPU share (0-1 of one core) and RSS of a process and its children; (0, 0) once it is gone."""
-    try:
-        proc = psutil.Process(pid)
-        procs = [proc, *proc.children(recursive=True)]
-    except psutil.Error:
-        return 0.0, 0
-    cpu, rss = 0.0, 0
-    for p in procs:
+class ProcessLoad:
+    """CPU share (0-1 per core) and RSS of a process and its children; (0, 0) once it is gone.
+
+    psutil measures CPU between two calls on the same Process object, so those objects are kept.
+    """
+
+    def __init__(self) -> None:
+        self._procs: dict[int, psutil.Process] = {}
+
+    def _process(self, pid: int) -> psutil.Process:
+        proc = self._procs.get(pid)
+        if proc is None:
+            proc = self._procs[pid] = psutil.Process(pid)
+        return proc
+
+    def __call__(self, pid: int) -> tuple[float, int]:
         try:
-            with p.oneshot():
-                cpu += p.cpu_percent(None) / 100.0
-                rss += p.memory_info().rss
+            root = self._process(pid)
+            procs = [root, *(self._process(c.pid) for c in root.children(recursive=True))]
         except psutil.Error:
-            continue
-    return cpu, rss
+            self._procs.pop(pid, None)
+            return 0.0, 0
+        cpu, rss = 0.0, 0
+        for p in procs:
+            try:
+                with p.oneshot():
+                    cpu += p.cpu_percent(None) / 100.0
+                    rss += p.memory_info().rss
+            except psutil.Error:
+                self._procs.pop(p.pid, None)
+        return cpu, rss
 
 
 class SimCollector(Collector):
     name = "sim"
 
     def __init__(self, count: int, node: str, *, clock: Callable[[], float] = time.time,
-                 process_load: Callable[[int], tuple[float, int]] = _process_load):
+                 process_load: Callable[[int], tuple[float, int]] | None = None):
         if count < 1 or count > 64:
             raise ValueError("sim:N needs 1 ≤ N ≤ 64")
         self._node = node
         self._clock = clock
-        self._process_load = process_load
+        self._process_load = process_load or ProcessLoad()
         self._faults = [SimFaults() for _ in range(count)]
         self._peaks = [0] * count
         self._emit: EmitEvent | None = None

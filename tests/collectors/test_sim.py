@@ -1,0 +1,78 @@
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+
+import pytest
+
+from collectors.base import create
+from collectors.sim import SIM_MEMORY_BYTES, SimCollector
+from sentinel.telemetry.schemas import Assignment, HardwareEvent
+
+
+def test_everything_it_reports_says_it_is_simulated():
+    sim = create("sim:3", "n1")
+    infos = sim.accelerators()
+    assert [i.uuid for i in infos] == ["SIM-n1-0", "SIM-n1-1", "SIM-n1-2"]
+    assert all(i.simulated and i.source == "sim" and i.model.startswith("sim-") for i in infos)
+
+
+def test_readings_follow_the_load_of_the_tasks_placed_on_it():
+    busy = subprocess.Popen([sys.executable, "-c", "x = bytearray(300 * 2**20)\nwhile True: pass"])
+    try:
+        sim = SimCollector(2, "n1")
+        assignment = Assignment(job_id=1, rank=0, pid=busy.pid, accelerators=["SIM-n1-1"])
+        sim.collect([assignment])  # primes the CPU counters
+        time.sleep(1.0)
+        idle, loaded = sim.collect([assignment]).accelerators
+    finally:
+        busy.kill()
+        busy.wait()
+    assert idle.utilization_ratio == 0.0 and idle.processes == []
+    assert loaded.utilization_ratio > 0.5
+    assert loaded.memory_used_bytes > idle.memory_used_bytes + 250 * 2**20
+    assert loaded.power_watts > idle.power_watts  # type: ignore[operator]
+    assert loaded.processes[0].pid == busy.pid
+    assert loaded.memory_total_bytes == SIM_MEMORY_BYTES
+
+
+def test_faults_are_reported_the_way_nvml_would():
+    events: list[HardwareEvent] = []
+    sim = SimCollector(2, "n1", clock=lambda: 123.0)
+    sim.start(events.append)
+    sim.inject(0, "xid", 79)
+    sim.inject(1, "ecc")
+    sim.inject(1, "thermal")
+    first, second = sim.collect([]).accelerators
+    assert [(e.kind, e.accelerator_uuid, e.xid) for e in events] == [
+        ("xid", "SIM-n1-0", 79), ("ecc", "SIM-n1-1", None), ("thermal", "SIM-n1-1", None)]
+    assert first.xid_errors_total == {"79": 1}
+    assert second.ecc_uncorrected_total == 1
+    assert second.temperature_celsius == 95.0 and second.throttle_reasons == ["hw_thermal_slowdown"]
+
+
+def test_offline_hang_slow_and_clear():
+    events: list[HardwareEvent] = []
+    sim = SimCollector(2, "n1")
+    sim.start(events.append)
+    sim.inject(0, "offline")
+    assert [s.uuid for s in sim.collect([]).accelerators] == ["SIM-n1-1"]
+    assert events[-1].kind == "offline"
+    sim.inject(1, "hang")
+    sim.inject(1, "slow", 4)
+    hung = sim.collect([]).accelerators[0]
+    assert hung.utilization_ratio == 1.0 and hung.sm_clock_hz == pytest.approx(1.98e9 / 4)
+    sim.inject(0, "clear")
+    assert len(sim.collect([]).accelerators) == 2
+
+
+@pytest.mark.parametrize("index, fault", [(5, "xid"), (0, "melt")])
+def test_bad_injections_are_refused(index, fault):
+    with pytest.raises(ValueError):
+        SimCollector(2, "n1").inject(index, fault)
+
+
+def test_unknown_source_names_the_known_ones():
+    with pytest.raises(ValueError, match=r"known: .*host.*sim"):
+        create("tpu:4", "n1")
