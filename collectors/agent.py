@@ -4,6 +4,7 @@ and serve per-accelerator /metrics on 127.0.0.1:9481.
 
 from __future__ import annotations
 
+import json
 import logging
 import socket
 import threading
@@ -18,6 +19,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_l
 
 from collectors import host, nvml, sim  # noqa: F401 - each source registers itself by name
 from collectors.base import Collector, Readings, SourceUnavailable, create
+from collectors.jobs import ExitWatcher, TaskRelay
 from collectors.metrics import AgentCollector, AgentSnapshot
 from collectors.push import Pusher
 from collectors.sim import SimCollector
@@ -31,9 +33,13 @@ from sentinel.telemetry.schemas import (
     NodeRegistration,
     NodeReport,
     ReportAck,
+    SdkBatch,
+    TaskExit,
+    TaskTelemetry,
 )
 
 log = logging.getLogger("sentinel.agent")
+MAX_SDK_BODY_BYTES = 8 * 2**20
 
 
 @dataclass
@@ -64,6 +70,8 @@ class Agent:
         self.pusher = Pusher(client=self.client, node=config.node, spool=self.spool,
                              registration=self.registration, on_ack=self._on_ack, on_registered=self.seq.raise_to)
         self.assignments: list[Assignment] = []
+        self.relay = TaskRelay()
+        self.exits = ExitWatcher(self.on_task_exit)
         self.latest: dict[str, AcceleratorSample] = {}
         self.health: dict[str, str] = {}
         self.registry = CollectorRegistry(auto_describe=False)
@@ -113,13 +121,24 @@ class Agent:
                 self.latest[sample.uuid] = sample
         return merged
 
-    def report_now(self, readings: Readings | None = None, events: list[HardwareEvent] | None = None) -> int:
+    def task_telemetry(self) -> list[TaskTelemetry]:
+        """The SDK's sums since the last report, with each task's device memory as NVML or sim saw it."""
+        device_memory: dict[int, int] = {}
+        with self._lock:
+            for sample in self.latest.values():
+                for proc in sample.processes:
+                    device_memory[proc.pid] = device_memory.get(proc.pid, 0) + proc.used_bytes
+        return self.relay.drain(device_memory)
+
+    def report_now(self, readings: Readings | None = None, events: list[HardwareEvent] | None = None,
+                   tasks: list[TaskTelemetry] | None = None, task_exits: list[TaskExit] | None = None) -> int:
         """Spool one report and wake the pusher; returns its seq."""
         readings = readings or Readings()
         seq = self.seq.next()
         report = NodeReport(node=self.config.node, seq=seq, sent_at=time.time(),
                             interval_seconds=self.config.interval_seconds, host=readings.host,
-                            accelerators=readings.accelerators, events=events or [])
+                            accelerators=readings.accelerators, events=events or [], tasks=tasks or [],
+                            task_exits=task_exits or [])
         self.spool.append(seq, report.model_dump_json(exclude_none=True).encode())
         self.pusher.wake()
         return seq
@@ -134,9 +153,23 @@ class Agent:
                     event.kind, event.xid)
         self.report_now(events=[event])
 
+    def on_task_exit(self, exit: TaskExit) -> None:
+        """A task's end is pushed at once, with whatever telemetry (an exception, last steps) came before it."""
+        how = f"signal {exit.signal}" if exit.signal is not None else f"exit code {exit.exit_code}"
+        log.warning("task ended: node=%s job=%s rank=%s pid=%d %s", self.config.node, exit.job_id, exit.rank,
+                    exit.pid, how)
+        self.report_now(tasks=self.task_telemetry(), task_exits=[exit])
+
+    def accept_sdk_batch(self, batch: SdkBatch) -> None:
+        self.relay.add(batch)
+        self.exits.watch(batch.pid, batch.job_id, batch.rank)
+
     def _on_ack(self, ack: ReportAck) -> None:
         with self._lock:
             self.assignments = list(ack.assignments)
+        for task in ack.assignments:
+            if task.pid:
+                self.exits.watch(task.pid, task.job_id, task.rank)
         for command in ack.commands:
             self.apply_command(command)
 
@@ -191,6 +224,22 @@ class Agent:
                 else:
                     self._send(404, b'{"detail":"not found"}', "application/json")
 
+            def do_POST(self) -> None:
+                if self.path.split("?")[0] != "/v1/telemetry":
+                    self._send(404, b'{"detail":"not found"}', "application/json")
+                    return
+                length = int(self.headers.get("content-length") or 0)
+                if length > MAX_SDK_BODY_BYTES:
+                    self._send(413, b'{"detail":"telemetry batch too large"}', "application/json")
+                    return
+                try:
+                    batch = SdkBatch.model_validate_json(self.rfile.read(length))
+                except ValueError as exc:
+                    self._send(422, json.dumps({"detail": str(exc)[:2000]}).encode(), "application/json")
+                    return
+                agent.accept_sdk_batch(batch)
+                self._send(204, b"", "application/json")
+
             def _send(self, status: int, body: bytes, content_type: str) -> None:
                 self.send_response(status)
                 self.send_header("content-type", content_type)
@@ -211,6 +260,7 @@ class Agent:
     def start(self) -> None:
         for source in self.sources:
             source.start(self.on_event)
+        self.exits.start()
         self.pusher.start()
         threading.Thread(target=self._poll_commands, name="sentinel-agent-commands", daemon=True).start()
 
@@ -219,7 +269,7 @@ class Agent:
         next_at = time.monotonic()
         while not self._stop.is_set():
             try:
-                self.report_now(self.collect())
+                self.report_now(self.collect(), tasks=self.task_telemetry())
             except Exception:
                 log.exception("collection failed this interval: node=%s", self.config.node)
             next_at += self.config.interval_seconds
@@ -230,6 +280,7 @@ class Agent:
         self.pusher.stop(drain_seconds=drain_seconds)
         for source in self.sources:
             source.close()
+        self.exits.close()
         if self._http is not None:
             self._http.shutdown()
         self.client.close()

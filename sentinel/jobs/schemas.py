@@ -59,3 +59,39 @@ class JobOut(BaseModel):
 
 class JobDetail(JobOut):
     tasks: list[TaskOut] = []
+
+
+class RankMetrics(BaseModel):
+    rank: int
+    node: str
+    last_step: int | None
+    step_seconds_p50: float | None
+    step_seconds_p95: float | None
+    tokens_per_second: float | None
+    allreduce_time_ratio: float | None
+    allreduce_exposed_ratio: float | None
+    memory_peak_bytes: int | None
+    memory_capacity_bytes: int | None
+    accelerators: list[str]
+    flops_per_token: float | None
+    accelerators_per_rank: int
+    peak_flops_per_accelerator: float | None
+
+
+class JobMetrics(BaseModel):
+    """A job's four signals over the recent window (GET /jobs/{id}/metrics)."""
+
+    job_id: int
+    window_seconds: float
+    step_seconds_p50: float | None
+    step_seconds_p95: float | None
+    tokens_per_second: float | None
+    mfu_ratio: float | None
+    allreduce_time_ratio: float | None
+    allreduce_exposed_ratio: float | None
+    memory_peak_bytes: int | None
+    memory_capacity_bytes: int | None
+    task_failures: dict[str, int]
+    task_failures_total: int
+    failures_per_hour: float | None
+    ranks: list[RankMetrics]

@@ -96,6 +96,69 @@ class HardwareEvent(WireModel):
     observed_at: Annotated[float, Field(ge=0.0)]
 
 
+Seconds = Annotated[float, Field(ge=0.0, le=1e9)]
+JobId = Annotated[int, Field(ge=1, le=2**62)]
+Rank = Annotated[int, Field(ge=0, le=10_000_000)]
+Pid = Annotated[int, Field(ge=1, le=2**31)]
+
+
+class CollectiveTotals(WireModel):
+    count: Count
+    seconds: Seconds
+    bytes: Count = 0
+
+
+class TaskFailure(WireModel):
+    """An uncaught exception the SDK saw before the process died."""
+
+    type: Annotated[str, Field(max_length=128)]
+    message: Annotated[str, Field(max_length=1024)] = ""
+
+
+class TaskModel(WireModel):
+    """What MFU needs from the job: FLOPs per token and, where the job knows it, the peak."""
+
+    flops_per_token: Annotated[float, Field(gt=0.0, le=1e18)]
+    peak_flops_per_accelerator: Annotated[float, Field(gt=0.0, le=1e18)] | None = None
+    accelerators_per_rank: Annotated[int, Field(ge=1, le=64)] = 1
+    dtype: Annotated[str, Field(max_length=16)] = "bf16"
+    accelerator_model: Annotated[str, Field(max_length=128)] | None = None
+
+
+class TaskTelemetry(WireModel):
+    """One task's (rank's) telemetry over one agent interval, summed from the SDK's batches."""
+
+    job_id: JobId
+    rank: Rank
+    attempt: Annotated[int, Field(ge=0, le=100_000)] = 0
+    pid: Pid
+    steps: Count = 0
+    last_step: Count | None = None
+    step_seconds: Annotated[list[Seconds], Field(max_length=1024)] = []
+    tokens: Count = 0
+    busy_seconds: Seconds = 0.0
+    collective_seconds: Seconds = 0.0
+    exposed_collective_seconds: Seconds | None = None
+    collectives: Annotated[dict[Annotated[str, Field(max_length=64)], CollectiveTotals], Field(max_length=32)] = {}
+    memory_peak_bytes: Bytes | None = None
+    memory_source: Annotated[str, Field(max_length=16)] | None = None
+    device_memory_bytes: Bytes | None = None
+    model: TaskModel | None = None
+    failure: TaskFailure | None = None
+    dropped_batches: Count = 0
+
+
+class TaskExit(WireModel):
+    """A watched task process ended: exit code, or the signal that killed it."""
+
+    job_id: JobId | None = None
+    rank: Rank | None = None
+    pid: Pid
+    exit_code: Annotated[int, Field(ge=0, le=255)] | None = None
+    signal: Annotated[int, Field(ge=1, le=128)] | None = None
+    observed_at: Annotated[float, Field(ge=0.0)]
+
+
 class NodeReport(WireModel):
     """Everything one node says in one interval; `seq` only grows, per node."""
 
@@ -106,6 +169,27 @@ class NodeReport(WireModel):
     host: HostMetrics | None = None
     accelerators: Annotated[list[AcceleratorSample], Field(max_length=64)] = []
     events: Annotated[list[HardwareEvent], Field(max_length=256)] = []
+    tasks: Annotated[list[TaskTelemetry], Field(max_length=256)] = []
+    task_exits: Annotated[list[TaskExit], Field(max_length=256)] = []
+
+
+class SdkBatch(WireModel):
+    """What `sentinel.sdk.Telemetry` posts to the local agent (`POST /v1/telemetry`)."""
+
+    job_id: JobId
+    rank: Rank
+    attempt: Annotated[int, Field(ge=0, le=100_000)] = 0
+    pid: Pid
+    # (step index, started at, duration s, tokens, collective s, exposed collective s)
+    steps: Annotated[list[tuple[Count, Annotated[float, Field(ge=0)], Seconds, Count | None, Seconds,
+                                Seconds | None]], Field(max_length=20_000)] = []
+    collectives: Annotated[dict[Annotated[str, Field(max_length=64)],
+                                tuple[Count, Seconds, Count]], Field(max_length=32)] = {}
+    model: TaskModel | None = None
+    failure: TaskFailure | None = None
+    memory_peak_bytes: Bytes | None = None
+    memory_source: Annotated[str, Field(max_length=16)] | None = None
+    dropped_batches: Count = 0
 
 
 class Assignment(BaseModel):

@@ -1,0 +1,222 @@
+"""Job telemetry on the node: the SDK's batches summed per task for the next report, and the exit
+of every watched task process, seen the moment it happens.
+
+Exits come from the kernel's process-events connector (netlink, needs CAP_NET_ADMIN), which gives
+the exit code or the killing signal of any process, not only our children. Where it is refused,
+a poller notices the process is gone within `poll_seconds`, without a code.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import struct
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import psutil
+
+from sentinel.telemetry.schemas import CollectiveTotals, SdkBatch, TaskExit, TaskModel, TaskTelemetry
+
+log = logging.getLogger("sentinel.agent.jobs")
+
+MAX_STEP_SECONDS = 1024
+NETLINK_CONNECTOR, CN_IDX_PROC, CN_VAL_PROC = 11, 1, 1
+PROC_CN_MCAST_LISTEN, PROC_EVENT_EXIT, NLMSG_DONE = 1, 0x80000000, 3
+
+
+@dataclass
+class _TaskSums:
+    job_id: int
+    rank: int
+    attempt: int
+    pid: int
+    steps: int = 0
+    last_step: int | None = None
+    step_seconds: list[float] = field(default_factory=list)
+    tokens: int = 0
+    busy_seconds: float = 0.0
+    collective_seconds: float = 0.0
+    exposed_seconds: float | None = None
+    collectives: dict[str, list[float]] = field(default_factory=dict)
+    memory_peak_bytes: int | None = None
+    memory_source: str | None = None
+    model: TaskModel | None = None
+    failure: str | None = None
+    failure_message: str = ""
+    dropped_batches: int = 0
+
+
+class TaskRelay:
+    """Sums SDK batches per task until the agent's next report takes them."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._tasks: dict[tuple[int, int, int], _TaskSums] = {}
+        self._models: dict[tuple[int, int], TaskModel] = {}
+        self.batches_total = 0
+
+    def add(self, batch: SdkBatch) -> None:
+        key = (batch.job_id, batch.rank, batch.pid)
+        with self._lock:
+            self.batches_total += 1
+            t = self._tasks.get(key)
+            if t is None:
+                t = self._tasks[key] = _TaskSums(batch.job_id, batch.rank, batch.attempt, batch.pid)
+            for index, _started, duration, tokens, coll, exposed in batch.steps:
+                t.steps += 1
+                t.last_step = index
+                t.busy_seconds += duration
+                t.tokens += tokens or 0
+                t.collective_seconds += coll
+                if exposed is not None:
+                    t.exposed_seconds = (t.exposed_seconds or 0.0) + exposed
+                if len(t.step_seconds) < MAX_STEP_SECONDS:
+                    t.step_seconds.append(duration)
+            for op, (count, seconds, nbytes) in batch.collectives.items():
+                sums = t.collectives.setdefault(op, [0, 0.0, 0])
+                sums[0] += count
+                sums[1] += seconds
+                sums[2] += nbytes
+            if batch.memory_peak_bytes is not None:
+                t.memory_peak_bytes = max(t.memory_peak_bytes or 0, batch.memory_peak_bytes)
+                t.memory_source = batch.memory_source
+            if batch.model is not None:
+                self._models[(batch.job_id, batch.rank)] = batch.model
+            t.model = self._models.get((batch.job_id, batch.rank))
+            if batch.failure is not None:
+                t.failure, t.failure_message = batch.failure.type, batch.failure.message
+            t.dropped_batches = max(t.dropped_batches, batch.dropped_batches)
+
+    def pids(self) -> set[int]:
+        with self._lock:
+            return {pid for (_, _, pid) in self._tasks}
+
+    def drain(self, device_memory: dict[int, int] | None = None) -> list[TaskTelemetry]:
+        """This interval's sums, one per task; `device_memory` is per-pid memory seen by NVML or sim."""
+        with self._lock:
+            tasks, self._tasks = self._tasks, {}
+        out = []
+        for t in tasks.values():
+            out.append(TaskTelemetry(
+                job_id=t.job_id, rank=t.rank, attempt=t.attempt, pid=t.pid, steps=t.steps, last_step=t.last_step,
+                step_seconds=t.step_seconds, tokens=t.tokens, busy_seconds=t.busy_seconds,
+                collective_seconds=t.collective_seconds, exposed_collective_seconds=t.exposed_seconds,
+                collectives={op: CollectiveTotals(count=int(c), seconds=s, bytes=int(b))
+                             for op, (c, s, b) in t.collectives.items()},
+                memory_peak_bytes=t.memory_peak_bytes, memory_source=t.memory_source,
+                device_memory_bytes=(device_memory or {}).get(t.pid), model=t.model,
+                failure={"type": t.failure, "message": t.failure_message} if t.failure else None,  # type: ignore[arg-type]
+                dropped_batches=t.dropped_batches))
+        return out
+
+
+OnExit = Callable[[TaskExit], None]
+
+
+class ExitWatcher:
+    """Reports the end of every watched pid at once, with its exit code or signal where the kernel says."""
+
+    def __init__(self, on_exit: OnExit, *, poll_seconds: float = 0.25, use_netlink: bool = True):
+        self._on_exit = on_exit
+        self._poll_seconds = poll_seconds
+        self._watched: dict[int, tuple[int | None, int | None]] = {}
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._sock: socket.socket | None = self._open_netlink() if use_netlink else None
+        self.mode = "netlink" if self._sock is not None else "poll"
+
+    def watch(self, pid: int, job_id: int | None = None, rank: int | None = None) -> None:
+        with self._lock:
+            if pid not in self._watched and psutil.pid_exists(pid):
+                self._watched[pid] = (job_id, rank)
+
+    def watched(self) -> set[int]:
+        with self._lock:
+            return set(self._watched)
+
+    def start(self) -> None:
+        target = self._listen if self._sock is not None else self._poll
+        threading.Thread(target=target, name=f"sentinel-agent-exits-{self.mode}", daemon=True).start()
+        if self._sock is not None:  # the poller also catches pids that ended before they were watched
+            threading.Thread(target=self._poll, name="sentinel-agent-exits-poll", daemon=True).start()
+
+    def close(self) -> None:
+        self._stop.set()
+        if self._sock is not None:
+            self._sock.close()
+
+    @staticmethod
+    def _open_netlink() -> socket.socket | None:
+        try:
+            sock = socket.socket(socket.AF_NETLINK, socket.SOCK_DGRAM, NETLINK_CONNECTOR)
+            sock.bind((0, CN_IDX_PROC))
+            op = struct.pack("I", PROC_CN_MCAST_LISTEN)
+            cn_msg = struct.pack("IIIIHH", CN_IDX_PROC, CN_VAL_PROC, 0, 0, len(op), 0) + op
+            sock.send(struct.pack("IHHII", 16 + len(cn_msg), NLMSG_DONE, 0, 0, os.getpid()) + cn_msg)
+            sock.settimeout(0.5)
+            return sock
+        except OSError as exc:
+            log.info("process-events connector unavailable (%s); task exits are polled, without exit codes", exc)
+            return None
+
+    def _listen(self) -> None:
+        assert self._sock is not None
+        while not self._stop.is_set():
+            try:
+                data = self._sock.recv(8192)
+            except TimeoutError:
+                continue
+            except OSError:
+                return
+            exit_event = parse_exit(data)
+            if exit_event is not None:
+                self._ended(*exit_event)
+
+    def _poll(self) -> None:
+        # Beside netlink, a pid is ended here only if it was already gone one round earlier: the
+        # connector's message (with the code) normally arrives within microseconds.
+        suspects: set[int] = set()
+        while not self._stop.wait(self._poll_seconds if self._sock is None else 1.0):
+            gone = {pid for pid in self.watched() if _is_zombie(pid) is not False}
+            for pid in gone if self._sock is None else gone & suspects:
+                self._ended(pid, None, None)
+            suspects = gone
+
+    def _ended(self, pid: int, exit_code: int | None, signal: int | None) -> None:
+        with self._lock:
+            who = self._watched.pop(pid, None)
+        if who is None:
+            return
+        self._on_exit(TaskExit(job_id=who[0], rank=who[1], pid=pid, exit_code=exit_code, signal=signal,
+                               observed_at=time.time()))
+
+
+def _is_zombie(pid: int) -> bool | None:
+    """True for a zombie (ended, not yet reaped), False for a live process, None when gone."""
+    try:
+        return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+    except psutil.Error:
+        return None
+
+
+def parse_exit(data: bytes) -> tuple[int, int | None, int | None] | None:
+    """(pid, exit code, signal) from one netlink proc-connector message, if it is a process exit.
+
+    Layout: nlmsghdr (16 bytes), cn_msg (20), proc_event {what u32, cpu u32, timestamp u64,
+    exit {pid, tgid, exit_code, exit_signal}}. Only a thread-group leader's exit ends a process.
+    """
+    if len(data) < 16 + 20 + 16 + 16:
+        return None
+    what = struct.unpack_from("I", data, 36)[0]
+    if what != PROC_EVENT_EXIT:
+        return None
+    pid, tgid, status, _exit_signal = struct.unpack_from("iiII", data, 52)
+    if pid != tgid:
+        return None
+    if status & 0x7F:
+        return pid, None, status & 0x7F
+    return pid, (status >> 8) & 0xFF, None

@@ -1,0 +1,181 @@
+"""Per-job signals from the task telemetry the agents relay: step time, tokens/s, MFU, all-reduce
+share, peak memory, failures. Kept in memory over a sliding window; history is Prometheus's job.
+
+Definitions (DESIGN §3): a rank's tokens/s is its tokens over its time inside steps; the job's is
+the sum over ranks. MFU = FLOPs/token × job tokens/s ÷ (accelerators × peak per accelerator).
+All-reduce share = collective time ÷ step time, per rank and as the mean over ranks; the exposed
+share counts only communication that compute did not hide.
+"""
+
+from __future__ import annotations
+
+import statistics
+import threading
+from collections import deque
+from dataclasses import dataclass, field
+
+from sentinel.jobs.schemas import JobMetrics, RankMetrics
+from sentinel.sdk.flops import peak_flops
+from sentinel.telemetry.schemas import TaskModel, TaskTelemetry
+
+STEP_WINDOW = 512
+
+
+@dataclass
+class _Interval:
+    at: float
+    steps: int
+    tokens: int
+    busy_seconds: float
+    collective_seconds: float
+    exposed_seconds: float | None
+
+
+@dataclass
+class RankStats:
+    rank: int
+    step_seconds: deque[float] = field(default_factory=lambda: deque(maxlen=STEP_WINDOW))
+    intervals: deque[_Interval] = field(default_factory=deque)
+    last_step: int | None = None
+    memory_peak_bytes: int = 0
+    device_memory_bytes: int = 0
+    model: TaskModel | None = None
+    node: str = ""
+    last_seen: float = 0.0
+
+
+@dataclass
+class JobStats:
+    job_id: int
+    kind: str = "training"
+    ranks: dict[int, RankStats] = field(default_factory=dict)
+    failures: dict[str, int] = field(default_factory=dict)
+    first_seen: float = 0.0
+
+
+def quantile(values: list[float], q: float) -> float | None:
+    if not values:
+        return None
+    if len(values) == 1:
+        return values[0]
+    return statistics.quantiles(values, n=100, method="inclusive")[round(q * 100) - 1]
+
+
+class JobTelemetry:
+    """Thread-safe: ingest adds, the API and /metrics read."""
+
+    def __init__(self, window_seconds: float = 300.0):
+        self.window_seconds = window_seconds
+        self._jobs: dict[int, JobStats] = {}
+        self._lock = threading.Lock()
+        # accelerator uuid → (model name, peak FLOP/s measured by its agent, memory bytes)
+        self.accelerators: dict[str, tuple[str, float | None, int]] = {}
+
+    def job(self, job_id: int, kind: str = "training") -> JobStats:
+        with self._lock:
+            stats = self._jobs.get(job_id)
+            if stats is None:
+                stats = self._jobs[job_id] = JobStats(job_id, kind)
+            return stats
+
+    def add(self, node: str, tasks: list[TaskTelemetry], now: float) -> None:
+        for task in tasks:
+            stats = self.job(task.job_id)
+            with self._lock:
+                stats.first_seen = stats.first_seen or now
+                rank = stats.ranks.get(task.rank)
+                if rank is None:
+                    rank = stats.ranks[task.rank] = RankStats(task.rank)
+                rank.step_seconds.extend(task.step_seconds)
+                rank.intervals.append(_Interval(now, task.steps, task.tokens, task.busy_seconds,
+                                                task.collective_seconds, task.exposed_collective_seconds))
+                while rank.intervals and rank.intervals[0].at < now - self.window_seconds:
+                    rank.intervals.popleft()
+                rank.last_step = task.last_step if task.last_step is not None else rank.last_step
+                rank.memory_peak_bytes = max(rank.memory_peak_bytes, task.memory_peak_bytes or 0)
+                rank.device_memory_bytes = max(rank.device_memory_bytes, task.device_memory_bytes or 0)
+                rank.model = task.model or rank.model
+                rank.node, rank.last_seen = node, now
+
+    def count_failure(self, job_id: int, reason: str) -> None:
+        stats = self.job(job_id)
+        with self._lock:
+            stats.failures[reason] = stats.failures.get(reason, 0) + 1
+
+    def forget(self, job_id: int) -> None:
+        with self._lock:
+            self._jobs.pop(job_id, None)
+
+    def job_ids(self) -> list[int]:
+        with self._lock:
+            return sorted(self._jobs)
+
+    def summary(self, job_id: int, *, accelerators_by_rank: dict[int, list[str]] | None = None,
+                hours_running: float | None = None) -> JobMetrics | None:
+        with self._lock:
+            stats = self._jobs.get(job_id)
+            if stats is None:
+                return None
+            ranks = [self._rank_summary(r, (accelerators_by_rank or {}).get(r.rank, []))
+                     for r in sorted(stats.ranks.values(), key=lambda r: r.rank)]
+            all_steps = [s for r in stats.ranks.values() for s in r.step_seconds]
+            failures = dict(stats.failures)
+        rates = [r.tokens_per_second for r in ranks if r.tokens_per_second is not None]
+        tokens_per_second = sum(rates) if rates else None
+        shares = [r.allreduce_time_ratio for r in ranks if r.allreduce_time_ratio is not None]
+        exposed = [r.allreduce_exposed_ratio for r in ranks if r.allreduce_exposed_ratio is not None]
+        peaks = [r.memory_peak_bytes for r in ranks if r.memory_peak_bytes is not None]
+        capacities = [r.memory_capacity_bytes for r in ranks if r.memory_capacity_bytes]
+        total_failures = sum(failures.values())
+        return JobMetrics(
+            job_id=job_id, window_seconds=self.window_seconds,
+            step_seconds_p50=quantile(all_steps, 0.5), step_seconds_p95=quantile(all_steps, 0.95),
+            tokens_per_second=tokens_per_second, mfu_ratio=mfu_of(ranks),
+            allreduce_time_ratio=statistics.fmean(shares) if shares else None,
+            allreduce_exposed_ratio=statistics.fmean(exposed) if exposed else None,
+            memory_peak_bytes=max(peaks) if peaks else None,
+            memory_capacity_bytes=min(capacities) if capacities else None,
+            task_failures=failures, task_failures_total=total_failures,
+            failures_per_hour=total_failures / hours_running if hours_running else None, ranks=ranks)
+
+    def _rank_summary(self, rank: RankStats, uuids: list[str]) -> RankMetrics:
+        steps = list(rank.step_seconds)
+        busy = sum(i.busy_seconds for i in rank.intervals)
+        tokens = sum(i.tokens for i in rank.intervals)
+        collective = sum(i.collective_seconds for i in rank.intervals)
+        exposed_parts = [i.exposed_seconds for i in rank.intervals if i.exposed_seconds is not None]
+        capacity = sum(self.accelerators.get(u, ("", None, 0))[2] for u in uuids) or None
+        return RankMetrics(
+            rank=rank.rank, node=rank.node, last_step=rank.last_step,
+            step_seconds_p50=quantile(steps, 0.5), step_seconds_p95=quantile(steps, 0.95),
+            tokens_per_second=tokens / busy if busy > 0 else None,
+            allreduce_time_ratio=min(1.0, collective / busy) if busy > 0 else None,
+            allreduce_exposed_ratio=min(1.0, sum(exposed_parts) / busy) if busy > 0 and exposed_parts else None,
+            memory_peak_bytes=max(rank.memory_peak_bytes, rank.device_memory_bytes) or None,
+            memory_capacity_bytes=capacity, accelerators=uuids,
+            flops_per_token=rank.model.flops_per_token if rank.model else None,
+            accelerators_per_rank=rank.model.accelerators_per_rank if rank.model else max(1, len(uuids)),
+            peak_flops_per_accelerator=self._peak(rank.model, uuids))
+
+    def _peak(self, model: TaskModel | None, uuids: list[str]) -> float | None:
+        """The job's own figure, else the datasheet for the accelerator's model, else the agent's probe."""
+        if model is not None and model.peak_flops_per_accelerator:
+            return model.peak_flops_per_accelerator
+        dtype = model.dtype if model is not None else "bf16"
+        for uuid in uuids:
+            name, measured, _ = self.accelerators.get(uuid, ("", None, 0))
+            table = peak_flops(name, dtype) if name else None
+            if table or measured:
+                return table or measured
+        return None
+
+
+def mfu_of(ranks: list[RankMetrics]) -> float | None:
+    """Σ FLOPs/token × tokens/s over ranks ÷ Σ accelerators × peak; None until every rank can say."""
+    achieved = peak_total = 0.0
+    for r in ranks:
+        if r.flops_per_token is None or r.peak_flops_per_accelerator is None or r.tokens_per_second is None:
+            return None
+        achieved += r.flops_per_token * r.tokens_per_second
+        peak_total += r.peak_flops_per_accelerator * r.accelerators_per_rank
+    return achieved / peak_total if ranks and peak_total else None

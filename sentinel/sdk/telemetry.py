@@ -1,0 +1,214 @@
+"""Step and collective timing inside a training or serving process.
+
+Never slows or breaks training: a record is a tuple appended to a list (a few µs); a background
+thread batches them to the local agent every second; when the agent is away the batch is dropped
+and counted, never raised. Standard library only, so `import sentinel.sdk` stays cheap.
+"""
+
+from __future__ import annotations
+
+import atexit
+import http.client
+import json
+import logging
+import os
+import resource
+import sys
+import threading
+import time
+import urllib.parse
+from collections.abc import Iterator
+from contextlib import contextmanager
+from types import TracebackType
+from typing import Any
+
+log = logging.getLogger("sentinel.sdk")
+
+DEFAULT_AGENT_URL = "http://127.0.0.1:9481"
+MAX_BUFFERED_STEPS = 10_000
+
+
+def _env_int(name: str) -> int | None:
+    value = os.environ.get(name)
+    return int(value) if value not in (None, "") else None
+
+
+class Telemetry:
+    """Per-process recorder. Under `sentinel launch` every argument comes from the environment."""
+
+    def __init__(self, *, job_id: int | None = None, rank: int | None = None, attempt: int | None = None,
+                 agent_url: str | None = None, flush_interval_seconds: float = 1.0, start_thread: bool = True):
+        self.job_id = job_id if job_id is not None else _env_int("SENTINEL_JOB_ID")
+        self.rank = rank if rank is not None else (_env_int("SENTINEL_RANK") or _env_int("RANK") or 0)
+        self.attempt = attempt if attempt is not None else (_env_int("SENTINEL_ATTEMPT") or 0)
+        self.agent_url = agent_url or os.environ.get("SENTINEL_AGENT_URL") or DEFAULT_AGENT_URL
+        self.pid = os.getpid()
+        self._interval = flush_interval_seconds
+        self._lock = threading.Lock()
+        self._steps: list[tuple[int, float, float, int | None, float, float | None]] = []
+        self._collectives: dict[str, list[float]] = {}
+        self._model: dict[str, Any] | None = None
+        self._failure: dict[str, str] | None = None
+        self._step_index = 0
+        self._in_step = False
+        self._step_collective = 0.0
+        self._step_exposed: float | None = None
+        self.sent_batches = 0
+        self.dropped_batches = 0
+        self.dropped_steps = 0
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        if start_thread and self.job_id is not None:
+            self._thread = threading.Thread(target=self._run, name="sentinel-sdk", daemon=True)
+            self._thread.start()
+            atexit.register(self.close)
+
+    # -- recording (the hot path) ----------------------------------------------------------------
+
+    @contextmanager
+    def step(self, tokens: int | None = None) -> Iterator[None]:
+        """Time one training step (or one serving batch); `tokens` processed by this rank in it."""
+        self._in_step, self._step_collective, self._step_exposed = True, 0.0, None
+        started_wall = time.time()
+        started = time.perf_counter()
+        try:
+            yield
+        finally:
+            duration = time.perf_counter() - started
+            self._in_step = False
+            self.record_step(duration, tokens=tokens, collective_seconds=self._step_collective,
+                             exposed_seconds=self._step_exposed, started_at=started_wall)
+
+    @contextmanager
+    def collective(self, op: str = "all_reduce", nbytes: int = 0) -> Iterator[None]:
+        """Time a blocking collective; inside `step()` it counts toward that step's communication."""
+        started = time.perf_counter()
+        try:
+            yield
+        finally:
+            seconds = time.perf_counter() - started
+            self.record_collective(op, seconds, nbytes, exposed_seconds=seconds)
+
+    def record_collective(self, op: str, seconds: float, nbytes: int = 0, exposed_seconds: float | None = None) -> None:
+        """Record a collective measured elsewhere (e.g. a DDP comm hook); `exposed_seconds` is the part
+        not hidden behind compute, where known."""
+        with self._lock:
+            entry = self._collectives.get(op)
+            if entry is None:
+                entry = self._collectives[op] = [0, 0.0, 0]
+            entry[0] += 1
+            entry[1] += seconds
+            entry[2] += nbytes
+            if self._in_step:
+                self._step_collective += seconds
+                if exposed_seconds is not None:
+                    self._step_exposed = (self._step_exposed or 0.0) + exposed_seconds
+
+    def record_step(self, duration_seconds: float, *, tokens: int | None = None, collective_seconds: float = 0.0,
+                    exposed_seconds: float | None = None, started_at: float | None = None) -> None:
+        with self._lock:
+            self._step_index += 1
+            if len(self._steps) >= MAX_BUFFERED_STEPS:
+                self._steps.pop(0)
+                self.dropped_steps += 1
+            self._steps.append((self._step_index, started_at or time.time() - duration_seconds, duration_seconds,
+                                tokens, collective_seconds, exposed_seconds))
+
+    def add_exposed(self, seconds: float) -> None:
+        """Communication time the step waited for beyond compute (set by the torch integration)."""
+        with self._lock:
+            if self._in_step:
+                self._step_exposed = (self._step_exposed or 0.0) + seconds
+
+    def set_model(self, *, flops_per_token: float, peak_flops_per_accelerator: float | None = None,
+                  accelerators_per_rank: int = 1, dtype: str = "bf16", accelerator_model: str | None = None) -> None:
+        """What MFU needs: FLOPs per token (see `sentinel.sdk.flops`) and the peak, when known here."""
+        with self._lock:
+            self._model = {"flops_per_token": float(flops_per_token), "dtype": dtype,
+                           "peak_flops_per_accelerator": peak_flops_per_accelerator,
+                           "accelerators_per_rank": accelerators_per_rank, "accelerator_model": accelerator_model}
+
+    def record_failure(self, exc_type: type[BaseException], exc: BaseException) -> None:
+        with self._lock:
+            self._failure = {"type": exc_type.__name__, "message": str(exc)[:1000]}
+
+    @property
+    def step_index(self) -> int:
+        return self._step_index
+
+    # -- sending ---------------------------------------------------------------------------------
+
+    def take_batch(self) -> dict[str, Any] | None:
+        with self._lock:
+            if not self._steps and not self._collectives and self._failure is None and self._model is None:
+                return None
+            batch = {"job_id": self.job_id, "rank": self.rank, "attempt": self.attempt, "pid": self.pid,
+                     "steps": self._steps, "collectives": self._collectives, "model": self._model,
+                     "failure": self._failure, "memory_peak_bytes": peak_memory_bytes()[0],
+                     "memory_source": peak_memory_bytes()[1], "dropped_batches": self.dropped_batches}
+            self._steps, self._collectives, self._failure = [], {}, None
+            return batch
+
+    def flush(self, timeout_seconds: float = 2.0) -> bool:
+        batch = self.take_batch()
+        if batch is None:
+            return True
+        try:
+            _post_json(self.agent_url, "/v1/telemetry", batch, timeout_seconds)
+        except (OSError, http.client.HTTPException, ValueError) as exc:
+            self.dropped_batches += 1
+            if self.dropped_batches in (1, 10, 100) or self.dropped_batches % 1000 == 0:
+                log.warning("sentinel agent unreachable at %s, telemetry dropped (%d batches): %s", self.agent_url,
+                            self.dropped_batches, exc)
+            return False
+        self.sent_batches += 1
+        return True
+
+    def _run(self) -> None:
+        while not self._stop.wait(self._interval):
+            self.flush()
+
+    def close(self) -> None:
+        self._stop.set()
+        if self._thread is not None and self._thread.is_alive() and threading.current_thread() is not self._thread:
+            self._thread.join(timeout=2)
+        self.flush()
+
+    def install_excepthook(self) -> None:
+        """Send an uncaught exception's type and message before the process dies."""
+        previous = sys.excepthook
+
+        def hook(exc_type: type[BaseException], exc: BaseException, tb: TracebackType | None) -> None:
+            try:
+                self.record_failure(exc_type, exc)
+                self.flush(timeout_seconds=1.0)
+            finally:
+                previous(exc_type, exc, tb)
+
+        sys.excepthook = hook
+
+
+def peak_memory_bytes() -> tuple[int, str]:
+    """Peak device memory from torch where CUDA is in use, else the process's peak RSS."""
+    torch = sys.modules.get("torch")
+    if torch is not None:
+        try:
+            if torch.cuda.is_available() and torch.cuda.is_initialized():
+                return int(torch.cuda.max_memory_allocated()), "cuda"
+        except Exception:  # a broken CUDA context must not break telemetry
+            pass
+    return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024, "rss"
+
+
+def _post_json(base_url: str, path: str, body: Any, timeout_seconds: float) -> None:
+    url = urllib.parse.urlsplit(base_url)
+    conn = http.client.HTTPConnection(url.hostname or "127.0.0.1", url.port or 80, timeout=timeout_seconds)
+    try:
+        conn.request("POST", path, body=json.dumps(body, allow_nan=False),
+                     headers={"content-type": "application/json"})
+        response = conn.getresponse()
+        response.read()
+        if response.status >= 300:
+            raise ValueError(f"agent answered {response.status}")
+    finally:
+        conn.close()
