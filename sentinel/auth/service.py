@@ -74,6 +74,11 @@ class TokenCache:
             hit = self._entries.get(secret)
         if hit is not None and now - hit[0] < self._ttl:
             return hit[1]
+        return self.refresh(secret)
+
+    def refresh(self, secret: str) -> Principal | None:
+        """Read the token from the database (whatever the cache holds) and cache the answer."""
+        now = time.monotonic()
         with self._factory() as session:
             principal = find_principal(session, secret)
         with self._lock:
@@ -81,3 +86,10 @@ class TokenCache:
                 self._entries.clear()
             self._entries[secret] = (now, principal)
         return principal
+
+    def is_fresh(self, secret: str, margin: float = 1.0) -> bool:
+        """Whether `lookup(secret)` will be answered from memory for at least `margin` more seconds.
+        Lets an async caller refresh in a worker thread first and then look up on its event loop."""
+        with self._lock:
+            hit = self._entries.get(secret)
+        return hit is not None and time.monotonic() - hit[0] < self._ttl - margin

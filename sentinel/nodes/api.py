@@ -7,11 +7,12 @@ from typing import Annotated, Literal
 
 from fastapi import APIRouter, Body, Depends, HTTPException, Query, Request
 from pydantic import ValidationError
+from starlette.concurrency import run_in_threadpool
 
 from sentinel.accelerators.api import with_latest
 from sentinel.accelerators.schemas import AcceleratorOut
 from sentinel.audit.service import record
-from sentinel.auth.deps import AGENT, OPERATE, READ, allow
+from sentinel.auth.deps import AGENT, OPERATE, READ, allow, bearer_secret
 from sentinel.auth.service import Principal
 from sentinel.db import transaction
 from sentinel.deps import not_found, runtime
@@ -46,6 +47,8 @@ def register(reg: NodeRegistration, rt: RT, who: Annotated[Principal, Depends(al
             node, accelerators = service.register_node(session, reg)
             present = {a.uuid for a in accelerators if a.present}
             live = rt.fleet.apply(node, present, last_seen=rt.clock.time())
+            for acc in accelerators:
+                rt.jobs.accelerators[acc.uuid] = (acc.model, acc.peak_flops, acc.memory_total_bytes)
             detail = _detail(rt, node, list(accelerators))
     except service.AcceleratorConflict as exc:
         raise HTTPException(422, str(exc)) from exc
@@ -58,10 +61,25 @@ REPORT_BODY = {"requestBody": {"required": True, "content": {"application/json":
     "schema": NodeReport.model_json_schema(ref_template="#/components/schemas/{model}")}}}}
 
 
+_allow_agent = allow(AGENT)
+
+
+async def _allow_agent_async(request: Request) -> Principal:
+    """`allow(AGENT)` for the report path, which carries the whole fleet's traffic. As a sync dependency
+    it would cost a thread-pool round trip per request; here only the token's database read (once per
+    cache period per agent) goes to a worker thread, and the check itself runs on the event loop."""
+    secret = bearer_secret(request)
+    tokens = request.app.state.runtime.tokens
+    if secret is not None and not tokens.is_fresh(secret):
+        await run_in_threadpool(tokens.refresh, secret)
+    return _allow_agent(request)
+
+
 @router.post("/{node}/reports", response_model=ReportAck, openapi_extra=REPORT_BODY,
-             dependencies=[Depends(allow(AGENT))])
-async def post_report(node: str, request: Request, rt: RT) -> ReportAck:
+             dependencies=[Depends(_allow_agent_async)])
+async def post_report(node: str, request: Request) -> ReportAck:
     """Idempotent on (node, seq): a replay is acknowledged as `duplicate` and not counted twice."""
+    rt: Runtime = request.app.state.runtime  # not `Depends(runtime)`: a sync dependency is a thread hop
     body = await request.body()
     try:
         report = NodeReport.model_validate_json(body)

@@ -9,24 +9,30 @@ import logging
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any, cast
 
-from sqlalchemy import insert, select, update
+from sqlalchemy import Table, insert, select, update
 from sqlalchemy.orm import Session, sessionmaker
 
 from sentinel.clock import Clock, to_datetime
 from sentinel.events.models import Event
+from sentinel.jobs.service import record_task_exit
 from sentinel.nodes.live import Fleet, NodeLive
 from sentinel.nodes.models import Node
 from sentinel.telemetry.models import ReportReceipt
 from sentinel.telemetry.samples import SampleStore
 from sentinel.telemetry.schemas import NodeReport
-from sentinel.telemetry.writer import GroupCommitWriter
+from sentinel.telemetry.writer import GroupCommitWriter, Rows
 
 log = logging.getLogger("sentinel.ingest")
 
 EVENT_SEVERITY = {"xid": "critical", "ecc": "critical", "offline": "critical", "remap": "critical",
                   "hang": "warning", "slow": "warning", "thermal": "warning", "power": "warning",
                   "clear": "info", "other": "info"}
+
+# Plain Core tables: the writer inserts a whole batch's rows with one executemany.
+RECEIPTS = cast(Table, ReportReceipt.__table__)
+EVENTS = cast(Table, Event.__table__)
 
 
 class IngestError(Exception):
@@ -44,7 +50,17 @@ class Outcome:
     live: NodeLive
 
 
-Listener = Callable[[NodeLive, NodeReport], None]
+@dataclass(frozen=True)
+class ClosedTask:
+    """A task the report said has ended; `failure_reason` is '' when it exited with code 0."""
+
+    job_id: int
+    rank: int
+    pid: int
+    failure_reason: str
+
+
+Listener = Callable[[NodeLive, NodeReport, list[ClosedTask]], None]
 
 
 class Ingest:
@@ -97,12 +113,15 @@ class Ingest:
                                   "and was never received; sequence numbers must only grow")
         if known:
             return await self._duplicate(live, report.seq)
+        exits: list[ClosedTask] = []
+        rows, extra = self._write(live, report, now, coming_back, exits)
         try:
-            await asyncio.wrap_future(self.writer.submit(self._write(live, report, now, coming_back)))
-        finally:
+            await self.writer.commit(extra, rows)
+        except BaseException:
             with self.fleet.lock:
-                live.pending.discard(report.seq)
-        self._applied(live, report, now, coming_back)
+                live.pending.discard(seq)
+            raise
+        self._applied(live, report, now, coming_back, exits)
         return Outcome(duplicate=False, live=live)
 
     async def _duplicate(self, live: NodeLive, seq: int) -> Outcome:
@@ -135,35 +154,52 @@ class Ingest:
                                                                    ReportReceipt.seq == seq))
             return found is not None
 
-    def _write(self, live: NodeLive, report: NodeReport, now: float, coming_back: bool) -> Callable[[Session], None]:
+    def _write(self, live: NodeLive, report: NodeReport, now: float, coming_back: bool,
+               exits: list[ClosedTask]) -> tuple[Rows, Callable[[Session], None] | None]:
+        """What the writer stores for this report: plain rows (batched with other reports') and, for a
+        node coming back or a task that ended, a callable for the state change (it fills `exits`)."""
         received = to_datetime(now)
         receipt = {"node_id": live.id, "seq": report.seq, "received_at": received,
                    "accelerator_count": len(report.accelerators), "event_count": len(report.events)}
-        events = [{"kind": e.kind, "severity": EVENT_SEVERITY[e.kind], "node_id": live.id,
-                   "accelerator_uuid": e.accelerator_uuid, "job_id": None,
-                   "message": e.message or f"{e.kind} reported by agent",
-                   "data": {"xid": e.xid, "seq": report.seq} if e.xid is not None else {"seq": report.seq},
-                   "observed_at": to_datetime(e.observed_at), "recorded_at": received}
-                  for e in report.events]
-        node_id, name = live.id, live.name
+        rows: list[tuple[Table, list[dict[str, Any]]]] = [(RECEIPTS, [receipt])]
+        if report.events:
+            rows.append((EVENTS, [
+                {"kind": e.kind, "severity": EVENT_SEVERITY[e.kind], "node_id": live.id,
+                 "accelerator_uuid": e.accelerator_uuid, "job_id": None,
+                 "message": e.message or f"{e.kind} reported by agent",
+                 "data": {"xid": e.xid, "seq": report.seq} if e.xid is not None else {"seq": report.seq},
+                 "observed_at": to_datetime(e.observed_at), "recorded_at": received}
+                for e in report.events]))
+        if not coming_back and not report.task_exits:
+            return rows, None
+        node_id, name, seq = live.id, live.name, report.seq
+        exceptions = {t.pid: t.failure.type for t in report.tasks if t.failure is not None}
 
         def write(session: Session) -> None:
-            session.execute(insert(ReportReceipt), [receipt])
-            if events:
-                session.execute(insert(Event), events)
-            if coming_back:
-                admin = session.scalar(select(Node.admin_state).where(Node.id == node_id)) or "active"
-                session.execute(update(Node).where(Node.id == node_id)
-                                .values(state=admin, state_reason="reporting again", state_changed_at=received))
-                session.execute(insert(Event), [{
-                    "kind": "node_up", "severity": "info", "node_id": node_id, "accelerator_uuid": None,
-                    "job_id": None, "message": f"node {name} is reporting again (seq {report.seq})",
-                    "data": {"seq": report.seq}, "observed_at": received, "recorded_at": received}])
+            exits.clear()  # a batch retried one write at a time runs this again
+            for ended in report.task_exits:
+                closed = record_task_exit(session, node_id=node_id, job_id=ended.job_id, rank=ended.rank,
+                                          pid=ended.pid, exit_code=ended.exit_code, exit_signal=ended.signal,
+                                          exception=exceptions.get(ended.pid),
+                                          observed_at=to_datetime(ended.observed_at))
+                if closed is not None:
+                    exits.append(ClosedTask(closed[0].job_id, closed[0].rank, ended.pid, closed[1]))
+            if not coming_back:
+                return
+            admin = session.scalar(select(Node.admin_state).where(Node.id == node_id)) or "active"
+            session.execute(update(Node).where(Node.id == node_id)
+                            .values(state=admin, state_reason="reporting again", state_changed_at=received))
+            session.execute(insert(Event), [{
+                "kind": "node_up", "severity": "info", "node_id": node_id, "accelerator_uuid": None,
+                "job_id": None, "message": f"node {name} is reporting again (seq {seq})",
+                "data": {"seq": seq}, "observed_at": received, "recorded_at": received}])
 
-        return write
+        return rows, write
 
-    def _applied(self, live: NodeLive, report: NodeReport, now: float, coming_back: bool) -> None:
+    def _applied(self, live: NodeLive, report: NodeReport, now: float, coming_back: bool,
+                 exits: list[ClosedTask]) -> None:
         with self.fleet.lock:
+            live.pending.discard(report.seq)
             live.remember(report.seq)
             live.interval_seconds = report.interval_seconds
             if coming_back and live.state == "down":
@@ -175,8 +211,11 @@ class Ingest:
         for event in report.events:
             log.warning("hardware event: node=%s accelerator=%s kind=%s xid=%s seq=%d %s", live.name,
                         event.accelerator_uuid, event.kind, event.xid, report.seq, event.message)
+        for closed in exits:
+            log.warning("task ended: node=%s job=%d rank=%d pid=%d %s", live.name, closed.job_id, closed.rank,
+                        closed.pid, closed.failure_reason or "succeeded")
         for listener in self.listeners:
             try:
-                listener(live, report)
+                listener(live, report, exits)
             except Exception:
                 log.exception("ingest listener failed: node=%s seq=%d", live.name, report.seq)

@@ -1,35 +1,48 @@
 """Group commit: many concurrent reports share one transaction, and each is acknowledged only
 after that transaction is durable. This is what lets "a report accepted is a report kept" and
 ~thousands of reports/s coexist on SQLite.
+
+A job brings plain rows (inserted for the whole batch with one executemany per table) and/or a
+callable for anything else. Waiters on an event loop are woken once per batch, not once per job.
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import logging
 import queue
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from concurrent.futures import Future
-from dataclasses import dataclass, field
+from typing import Any
 
+from sqlalchemy import Table
 from sqlalchemy.orm import Session, sessionmaker
 
 log = logging.getLogger("sentinel.ingest")
 
 Write = Callable[[Session], None]
+Rows = Sequence[tuple[Table, list[dict[str, Any]]]]
 MAX_BATCH = 512
 
 
-@dataclass
 class Job:
-    write: Write
-    future: Future[None] = field(default_factory=Future)
+    __slots__ = ("future", "loop", "rows", "waiter", "write")
+
+    def __init__(self, write: Write | None, rows: Rows = (), *, future: Future[None] | None = None,
+                 loop: asyncio.AbstractEventLoop | None = None, waiter: asyncio.Future[None] | None = None):
+        self.write = write
+        self.rows = rows
+        self.future = future
+        self.loop = loop
+        self.waiter = waiter
 
 
 class GroupCommitWriter:
     def __init__(self, factory: sessionmaker[Session], on_batch: Callable[[int], None] | None = None):
         self._factory = factory
-        self._queue: queue.Queue[Job | None] = queue.Queue()
+        self._queue: queue.SimpleQueue[Job | None] = queue.SimpleQueue()
         self._thread = threading.Thread(target=self._run, name="sentinel-ingest-writer", daemon=True)
         self._on_batch = on_batch
         self._started = False
@@ -45,10 +58,18 @@ class GroupCommitWriter:
             self._thread.join(timeout)
             self._started = False
 
-    def submit(self, write: Write) -> Future[None]:
-        job = Job(write)
-        self._queue.put(job)
-        return job.future
+    def submit(self, write: Write | None = None, rows: Rows = ()) -> Future[None]:
+        """From any thread: a future that is done once the write is committed (or has failed)."""
+        future: Future[None] = Future()
+        self._queue.put(Job(write, rows, future=future))
+        return future
+
+    async def commit(self, write: Write | None = None, rows: Rows = ()) -> None:
+        """From an event loop: return once the write is committed; raise what made it fail."""
+        loop = asyncio.get_running_loop()
+        waiter: asyncio.Future[None] = loop.create_future()
+        self._queue.put(Job(write, rows, loop=loop, waiter=waiter))
+        await waiter
 
     def _run(self) -> None:
         while True:
@@ -73,12 +94,21 @@ class GroupCommitWriter:
     def _commit(self, batch: list[Job]) -> None:
         try:
             with self._factory() as session, session.begin():
+                merged: dict[Table, list[dict[str, Any]]] = {}
                 for job in batch:
-                    job.write(session)
+                    for table, rows in job.rows:
+                        merged.setdefault(table, []).extend(rows)
+                connection = session.connection()
+                for table, rows in merged.items():
+                    if rows:
+                        connection.execute(table.insert(), rows)
+                for job in batch:
+                    if job.write is not None:
+                        job.write(session)
         except Exception as exc:
             if len(batch) == 1:
                 log.exception("ingest write failed")
-                self._settle(batch[0], error=exc)
+                self._settle(batch, exc)
                 return
             # One bad write must not fail its neighbours: retry them one by one to isolate it.
             for job in batch:
@@ -86,14 +116,29 @@ class GroupCommitWriter:
             return
         if self._on_batch is not None:
             self._on_batch(len(batch))
-        for job in batch:
-            self._settle(job)
+        self._settle(batch)
 
     @staticmethod
-    def _settle(job: Job, error: BaseException | None = None) -> None:
-        if job.future.done():
-            return
+    def _settle(batch: list[Job], error: BaseException | None = None) -> None:
+        by_loop: dict[asyncio.AbstractEventLoop, list[asyncio.Future[None]]] = {}
+        for job in batch:
+            if job.future is not None and not job.future.done():
+                if error is not None:
+                    job.future.set_exception(error)
+                else:
+                    job.future.set_result(None)
+            if job.loop is not None and job.waiter is not None:
+                by_loop.setdefault(job.loop, []).append(job.waiter)
+        for loop, waiters in by_loop.items():
+            with contextlib.suppress(RuntimeError):  # the loop is closed: nobody is waiting any more
+                loop.call_soon_threadsafe(_wake, waiters, error)
+
+
+def _wake(waiters: list[asyncio.Future[None]], error: BaseException | None) -> None:
+    for waiter in waiters:
+        if waiter.done():  # cancelled while waiting
+            continue
         if error is not None:
-            job.future.set_exception(error)
+            waiter.set_exception(error)
         else:
-            job.future.set_result(None)
+            waiter.set_result(None)
