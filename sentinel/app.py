@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -12,6 +13,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from sqlalchemy import text
 
 from sentinel import __version__, errors
+from sentinel.accelerators.api import fleet_router
 from sentinel.accelerators.api import router as accelerators_router
 from sentinel.auth.api import router as tokens_router
 from sentinel.auth.deps import READ, allow
@@ -36,6 +38,9 @@ def create_app(settings: Settings, clock: Clock | None = None, *, migrate: bool 
     @asynccontextmanager
     async def lifespan(_app: FastAPI) -> AsyncIterator[None]:
         runtime.start(migrate=migrate)
+        # Everything built so far lives as long as the process: keep it out of the collector's way.
+        # Without this, full collections under ingest load pause the server for ~100 ms (the p99).
+        gc.freeze()
         scheduler = build_scheduler(runtime) if run_scheduler else None
         if scheduler is not None:
             scheduler.start()
@@ -57,7 +62,7 @@ def create_app(settings: Settings, clock: Clock | None = None, *, migrate: bool 
     app.add_middleware(errors.BodyLimit, max_bytes=settings.max_body_bytes)
 
     api = APIRouter(prefix="/api/v1")
-    for router in (nodes_router, accelerators_router, jobs_router, events_router, tokens_router):
+    for router in (nodes_router, accelerators_router, fleet_router, jobs_router, events_router, tokens_router):
         api.include_router(router)
     app.include_router(api)
 

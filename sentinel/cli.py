@@ -15,7 +15,7 @@ import httpx
 
 from sentinel.client import ApiError, SentinelClient, resolve_token
 from sentinel.config import load_settings
-from sentinel.console import table
+from sentinel.console import human_bytes, table
 
 LOG_FORMAT = "%(asctime)s %(levelname)-7s %(name)s: %(message)s"
 
@@ -121,10 +121,31 @@ def cmd_status(args: argparse.Namespace) -> int:
     return 0
 
 
+def _pct(value: float | None) -> str:
+    return "-" if value is None else f"{100 * value:.1f}%"
+
+
+def _secs(value: float | None) -> str:
+    return "-" if value is None else f"{value * 1000:.0f}ms" if value < 10 else f"{value:.1f}s"
+
+
 def cmd_jobs(args: argparse.Namespace) -> int:
-    jobs = _client(args).get("/jobs", state=args.state, limit=args.limit)
-    print(table(["JOB", "NAME", "KIND", "STATE", "WORLD", "CREATED"],
-                [(j["id"], j["name"], j["kind"], j["state"], j["world_size"], j["created_at"][:19]) for j in jobs]))
+    client = _client(args)
+    jobs = client.get("/jobs", state=args.state, limit=args.limit)
+    rows = []
+    for j in jobs:
+        m = client.get(f"/jobs/{j['id']}/metrics")
+        tokens = "-" if m["tokens_per_second"] is None else f"{m['tokens_per_second']:,.0f}"
+        memory = human_bytes(m["memory_peak_bytes"])
+        if m["memory_capacity_bytes"]:
+            memory += f" / {human_bytes(m['memory_capacity_bytes'])}"
+        failures = f"{m['task_failures_total']}" + (f" ({m['failures_per_hour']:.2f}/h)" if m["failures_per_hour"]
+                                                    else "")
+        rows.append((j["id"], j["name"], j["kind"], j["state"], j["world_size"], _pct(m["mfu_ratio"]),
+                     _pct(m["allreduce_time_ratio"]), f"{_secs(m['step_seconds_p50'])}/{_secs(m['step_seconds_p95'])}",
+                     tokens, memory, failures))
+    print(table(["JOB", "NAME", "KIND", "STATE", "WORLD", "MFU", "ALLREDUCE", "STEP p50/p95", "TOKENS/S",
+                 "PEAK MEM", "FAILURES"], rows))
     return 0
 
 

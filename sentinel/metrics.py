@@ -49,7 +49,94 @@ class FleetCollector(Collector):
         yield errors
 
 
+class JobCollector(Collector):
+    """`sentinel_job_*` (label `job` is the job id; Prometheus scrape configs should set honor_labels)."""
+
+    def __init__(self, runtime: Runtime):
+        self._rt = runtime
+
+    def collect(self) -> Iterator[GaugeMetricFamily | CounterMetricFamily]:
+        from sentinel.jobs.api import job_metrics
+        from sentinel.jobs.service import JobNotFound, current_placement, get_job
+
+        labels = ["job", "kind"]
+        g = {name: GaugeMetricFamily(f"sentinel_job_{name}", doc, labels=labels) for name, doc in (
+            ("mfu_ratio", "Model FLOPs utilization over the recent window"),
+            ("allreduce_time_ratio", "Share of step time in collectives, mean over ranks"),
+            ("allreduce_exposed_time_ratio", "Share of step time waiting for collectives compute did not hide"),
+            ("tokens_per_second", "Tokens per second, summed over ranks"),
+            ("memory_peak_bytes", "Highest memory in use by any rank"),
+            ("memory_capacity_bytes", "Memory of the accelerators a rank runs on"),
+        )}
+        step = GaugeMetricFamily("sentinel_job_step_seconds", "Step time over the recent window",
+                                 labels=[*labels, "quantile"])
+        rank_step = GaugeMetricFamily("sentinel_job_rank_step_seconds", "Median step time per rank",
+                                      labels=[*labels, "rank"])
+        rank_share = GaugeMetricFamily("sentinel_job_rank_allreduce_time_ratio", "Collective share per rank",
+                                       labels=[*labels, "rank"])
+        failures = CounterMetricFamily("sentinel_job_task_failures", "Task failures by reason",
+                                       labels=[*labels, "reason"])
+        try:
+            with self._rt.factory() as session:
+                jobs = []
+                for job_id in self._rt.jobs.job_ids():
+                    try:
+                        job = get_job(session, job_id)
+                    except JobNotFound:
+                        continue
+                    jobs.append((job, current_placement(session, job_id)))
+        except Exception:  # the database being away must not fail the scrape
+            jobs = []
+        for job, placement in jobs:
+            m = job_metrics(self._rt, job.id, job.created_at, placement)
+            lv = [str(job.id), job.kind]
+            for name, value in (("mfu_ratio", m.mfu_ratio), ("allreduce_time_ratio", m.allreduce_time_ratio),
+                                ("allreduce_exposed_time_ratio", m.allreduce_exposed_ratio),
+                                ("tokens_per_second", m.tokens_per_second), ("memory_peak_bytes", m.memory_peak_bytes),
+                                ("memory_capacity_bytes", m.memory_capacity_bytes)):
+                if value is not None:
+                    g[name].add_metric(lv, float(value))
+            for q, value in (("0.5", m.step_seconds_p50), ("0.95", m.step_seconds_p95)):
+                if value is not None:
+                    step.add_metric([*lv, q], value)
+            for r in m.ranks:
+                if r.step_seconds_p50 is not None:
+                    rank_step.add_metric([*lv, str(r.rank)], r.step_seconds_p50)
+                if r.allreduce_time_ratio is not None:
+                    rank_share.add_metric([*lv, str(r.rank)], r.allreduce_time_ratio)
+            for reason, count in sorted(m.task_failures.items()):
+                failures.add_metric([*lv, reason], count)
+        yield from g.values()
+        yield from (step, rank_step, rank_share, failures)
+
+
+class ReliabilityCollector(Collector):
+    def __init__(self, runtime: Runtime):
+        self._rt = runtime
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        from sentinel.accelerators.service import fault_rates
+        from sentinel.clock import to_datetime
+
+        try:
+            with self._rt.factory() as session:
+                rows = fault_rates(session, to_datetime(self._rt.clock.time()))
+        except Exception:
+            return
+        faults, days = sum(r[1] for r in rows), sum(r[2] for r in rows)
+        if days > 0:
+            yield GaugeMetricFamily("sentinel_fleet_hardware_faults_per_1000_accelerator_days",
+                                    "Hardware faults per 1,000 accelerator-days since registration",
+                                    value=1000.0 * faults / days)
+        per_node = GaugeMetricFamily("sentinel_node_hardware_faults", "Hardware faults recorded per node",
+                                     labels=["node"])
+        for node, count, _ in rows:
+            per_node.add_metric([node], count)
+        yield per_node
+
+
 def build_registry(runtime: Runtime) -> CollectorRegistry:
     registry = CollectorRegistry(auto_describe=False)
-    registry.register(FleetCollector(runtime))
+    for collector in (FleetCollector(runtime), JobCollector(runtime), ReliabilityCollector(runtime)):
+        registry.register(collector)
     return registry

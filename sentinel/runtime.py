@@ -18,11 +18,12 @@ from sentinel.clock import Clock, SystemClock
 from sentinel.config import Settings
 from sentinel.db import make_engine, make_sessionmaker, transaction, upgrade
 from sentinel.jobs.service import assignments_by_node
+from sentinel.jobs.telemetry import JobTelemetry
 from sentinel.nodes.commands import CommandQueue
-from sentinel.nodes.live import Fleet
-from sentinel.telemetry.ingest import Ingest
+from sentinel.nodes.live import Fleet, NodeLive
+from sentinel.telemetry.ingest import ClosedTask, Ingest
 from sentinel.telemetry.samples import SampleStore
-from sentinel.telemetry.schemas import Assignment
+from sentinel.telemetry.schemas import Assignment, NodeReport
 from sentinel.telemetry.writer import GroupCommitWriter
 
 log = logging.getLogger("sentinel.server")
@@ -39,6 +40,7 @@ class Runtime:
     ingest: Ingest
     tokens: TokenCache
     commands: CommandQueue
+    jobs: JobTelemetry = field(default_factory=JobTelemetry)
     assignments: dict[int, list[Assignment]] = field(default_factory=dict)
     assignments_lock: threading.Lock = field(default_factory=threading.Lock)
     plugin_errors: dict[str, int] = field(default_factory=dict)
@@ -63,6 +65,8 @@ class Runtime:
         with self.factory() as session:
             self.fleet.load(session, now=self.clock.time())
             self.assignments = assignments_by_node(session)
+            self.jobs.load(session)
+        self.ingest.listeners.append(self._on_report)
         self.ingest.writer.start()
         self.ready = True
 
@@ -70,6 +74,15 @@ class Runtime:
         self.ready = False
         self.ingest.writer.stop()
         self.engine.dispose()
+
+    def _on_report(self, live: NodeLive, report: NodeReport, exits: list[ClosedTask]) -> None:
+        if report.tasks:
+            self.jobs.add(live.name, report.tasks, self.clock.time())
+        for closed in exits:
+            if closed.failure_reason:
+                self.jobs.count_failure(closed.job_id, closed.failure_reason)
+        if exits:
+            self.refresh_assignments()
 
     def refresh_assignments(self) -> None:
         with self.factory() as session:

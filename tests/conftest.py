@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -21,8 +22,9 @@ PG_ADMIN_URL = os.environ.get("SENTINEL_TEST_POSTGRES", "postgresql+psycopg://po
 class FakeClock:
     """Test double for sentinel.clock.Clock: time moves only when the test says so."""
 
-    def __init__(self, start: float = 1_800_000_000.0):
-        self.now = start
+    def __init__(self, start: float | None = None):
+        # starts at the real time: rows stamped by the database (created_at) stay comparable
+        self.now = time.time() if start is None else start
 
     def time(self) -> float:
         return self.now

@@ -4,8 +4,8 @@ from typing import Annotated, Literal
 
 from fastapi import APIRouter, Depends, Query
 
-from sentinel.accelerators.schemas import AcceleratorOut
-from sentinel.accelerators.service import list_accelerators
+from sentinel.accelerators.schemas import AcceleratorOut, FleetReliability, NodeReliability
+from sentinel.accelerators.service import fault_rates, list_accelerators
 from sentinel.auth.deps import READ, allow
 from sentinel.clock import to_datetime
 from sentinel.deps import runtime
@@ -29,3 +29,21 @@ def with_latest(rt: Runtime, out: AcceleratorOut) -> AcceleratorOut:
     if latest is None:
         return out
     return out.model_copy(update={"sampled_at": to_datetime(latest[0]), "latest": latest[1]})
+
+
+fleet_router = APIRouter(prefix="/fleet", tags=["accelerators"])
+
+
+def per_thousand(faults: int, days: float) -> float | None:
+    return 1000.0 * faults / days if days > 0 else None
+
+
+@fleet_router.get("/reliability", response_model=FleetReliability, dependencies=[Depends(allow(READ))])
+def get_reliability(rt: Annotated[Runtime, Depends(runtime)]) -> FleetReliability:
+    with rt.factory() as session:
+        rows = fault_rates(session, to_datetime(rt.clock.time()))
+    nodes = [NodeReliability(node=n, hardware_faults=f, accelerator_days=d,
+                             faults_per_1000_accelerator_days=per_thousand(f, d)) for n, f, d in rows]
+    faults, days = sum(n.hardware_faults for n in nodes), sum(n.accelerator_days for n in nodes)
+    return FleetReliability(hardware_faults=faults, accelerator_days=days,
+                            faults_per_1000_accelerator_days=per_thousand(faults, days), nodes=nodes)

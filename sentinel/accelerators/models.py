@@ -2,7 +2,7 @@ from __future__ import annotations
 
 from datetime import datetime
 
-from sqlalchemy import BigInteger, Boolean, ForeignKey, Integer, String
+from sqlalchemy import BigInteger, Boolean, Float, ForeignKey, Integer, String
 from sqlalchemy.orm import Mapped, mapped_column
 
 from sentinel.db import Base, UTCDateTime, utcnow
@@ -18,6 +18,8 @@ class Accelerator(Base):
     index: Mapped[int] = mapped_column(Integer)
     model: Mapped[str] = mapped_column(String(128))
     memory_total_bytes: Mapped[int] = mapped_column(BigInteger, default=0)
+    # dense peak FLOP/s its agent measured (sim) — datasheet figures come from sentinel.sdk.flops
+    peak_flops: Mapped[float | None] = mapped_column(Float, nullable=True)
     source: Mapped[str] = mapped_column(String(32))
     simulated: Mapped[bool] = mapped_column(Boolean, default=False)
     health: Mapped[str] = mapped_column(String(16), default="healthy")

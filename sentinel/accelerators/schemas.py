@@ -22,3 +22,19 @@ class AcceleratorOut(BaseModel):
     present: bool
     sampled_at: datetime | None = None
     latest: AcceleratorSample | None = None
+
+
+class NodeReliability(BaseModel):
+    node: str
+    hardware_faults: int
+    accelerator_days: float
+    faults_per_1000_accelerator_days: float | None
+
+
+class FleetReliability(BaseModel):
+    """Hardware faults (XID, uncorrectable ECC, remap failures, devices lost) per 1,000 accelerator-days."""
+
+    hardware_faults: int
+    accelerator_days: float
+    faults_per_1000_accelerator_days: float | None
+    nodes: list[NodeReliability]

@@ -1,9 +1,12 @@
 from __future__ import annotations
 
+from datetime import datetime
+
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
 from sentinel.accelerators.models import HEALTH_STATES, Accelerator
+from sentinel.events.models import Event
 from sentinel.nodes.models import Node
 
 
@@ -24,3 +27,18 @@ def count_by_health(session: Session) -> dict[str, int]:
     for health, count in session.execute(query):
         counts[health] = count
     return counts
+
+
+HARDWARE_FAULTS = ("xid", "ecc", "offline", "remap")
+
+
+def fault_rates(session: Session, now: datetime) -> list[tuple[str, int, float]]:
+    """(node, hardware faults, accelerator-days observed) per node, for failures per 1,000 accelerator-days."""
+    query = (select(Node.name, func.count(Event.id)).join(Event, Event.node_id == Node.id)
+             .where(Event.kind.in_(HARDWARE_FAULTS), Event.severity == "critical").group_by(Node.name))
+    faults: dict[str, int] = {name: count for name, count in session.execute(query)}
+    days: dict[str, float] = {}
+    for name, registered in session.execute(select(Node.name, Accelerator.registered_at)
+                                            .join(Node, Node.id == Accelerator.node_id)):
+        days[name] = days.get(name, 0.0) + max(0.0, (now - registered).total_seconds()) / 86400.0
+    return [(name, int(faults.get(name, 0)), days.get(name, 0.0)) for name in sorted(set(days) | set(faults))]

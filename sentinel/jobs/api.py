@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import logging
+from datetime import datetime
 from typing import Annotated
 
 from fastapi import APIRouter, Depends, HTTPException, Query
@@ -10,7 +11,7 @@ from sentinel.auth.service import Principal
 from sentinel.db import transaction
 from sentinel.deps import not_found, runtime
 from sentinel.jobs import service
-from sentinel.jobs.schemas import JobCreate, JobDetail, JobOut, TaskCreate, TaskOut
+from sentinel.jobs.schemas import JobCreate, JobDetail, JobMetrics, JobOut, TaskCreate, TaskOut
 from sentinel.runtime import Runtime
 
 log = logging.getLogger("sentinel.jobs")
@@ -44,6 +45,29 @@ def get_job(job_id: int, rt: RT) -> JobDetail:
         except service.JobNotFound as exc:
             raise not_found(exc) from exc
         return JobDetail.model_validate(job).model_copy(update={"tasks": service.job_tasks(session, job_id)})
+
+
+@router.get("/{job_id}/metrics", response_model=JobMetrics, dependencies=[Depends(allow(READ))])
+def get_job_metrics(job_id: int, rt: RT) -> JobMetrics:
+    """The job's four signals over the recent window, job-wide and per rank."""
+    with rt.factory() as session:
+        try:
+            job = service.get_job(session, job_id)
+        except service.JobNotFound as exc:
+            raise not_found(exc) from exc
+        placement = service.current_placement(session, job_id)
+    return job_metrics(rt, job_id, job.created_at, placement)
+
+
+def job_metrics(rt: Runtime, job_id: int, created_at: datetime, placement: dict[int, list[str]]) -> JobMetrics:
+    hours = max(1e-9, (rt.clock.time() - created_at.timestamp()) / 3600.0)
+    summary = rt.jobs.summary(job_id, accelerators_by_rank=placement, hours_running=hours)
+    if summary is None:
+        return JobMetrics(job_id=job_id, window_seconds=rt.jobs.window_seconds, step_seconds_p50=None,
+                          step_seconds_p95=None, tokens_per_second=None, mfu_ratio=None, allreduce_time_ratio=None,
+                          allreduce_exposed_ratio=None, memory_peak_bytes=None, memory_capacity_bytes=None,
+                          task_failures={}, task_failures_total=0, failures_per_hour=None, ranks=[])
+    return summary
 
 
 @router.post("/{job_id}/tasks", response_model=TaskOut, status_code=201)

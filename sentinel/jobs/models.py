@@ -42,5 +42,7 @@ class Task(Base):
     pid: Mapped[int | None] = mapped_column(Integer, nullable=True)
     state: Mapped[str] = mapped_column(String(16), default="running")
     exit_code: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    exit_signal: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    failure_reason: Mapped[str] = mapped_column(String(256), default="", server_default="")
     started_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
     ended_at: Mapped[datetime | None] = mapped_column(UTCDateTime, nullable=True)

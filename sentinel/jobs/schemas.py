@@ -39,6 +39,8 @@ class TaskOut(BaseModel):
     pid: int | None
     state: str
     exit_code: int | None
+    exit_signal: int | None = None
+    failure_reason: str = ""
     started_at: datetime
     ended_at: datetime | None
 

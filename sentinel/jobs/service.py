@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import signal
+from datetime import datetime
+
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
 from sentinel.accelerators.models import Accelerator
 from sentinel.audit.service import record
 from sentinel.db import utcnow
+from sentinel.events.service import record_event
 from sentinel.jobs.models import Job, Task
 from sentinel.jobs.schemas import JobCreate, TaskCreate, TaskOut
 from sentinel.nodes.models import Node
@@ -58,7 +62,7 @@ def job_tasks(session: Session, job_id: int) -> list[TaskOut]:
 
 def _task_dict(task: Task) -> dict[str, object]:
     return {c: getattr(task, c) for c in ("id", "job_id", "rank", "attempt", "accelerators", "pid", "state",
-                                          "exit_code", "started_at", "ended_at")}
+                                          "exit_code", "exit_signal", "failure_reason", "started_at", "ended_at")}
 
 
 def register_task(session: Session, job: Job, spec: TaskCreate, *, actor: str) -> TaskOut:
@@ -108,3 +112,57 @@ def assignments_by_node(session: Session) -> dict[int, list[Assignment]]:
         out.setdefault(task.node_id, []).append(
             Assignment(job_id=task.job_id, rank=task.rank, pid=task.pid, accelerators=list(task.accelerators)))
     return out
+
+
+def current_placement(session: Session, job_id: int) -> dict[int, list[str]]:
+    """Each rank's accelerators in its latest attempt."""
+    placement: dict[int, tuple[int, list[str]]] = {}
+    for task in session.scalars(select(Task).where(Task.job_id == job_id)):
+        if task.rank not in placement or task.attempt >= placement[task.rank][0]:
+            placement[task.rank] = (task.attempt, list(task.accelerators))
+    return {rank: uuids for rank, (_, uuids) in placement.items()}
+
+
+def describe_exit(exit_code: int | None, exit_signal: int | None, exception: str | None = None) -> tuple[str, str]:
+    """(reason label for metrics, sentence for people) of a task's end."""
+    if exit_signal is not None:
+        try:
+            name = signal.Signals(exit_signal).name
+        except ValueError:
+            name = f"SIG{exit_signal}"
+        return f"signal:{name}", f"killed by signal {exit_signal} ({name})"
+    if exception:
+        return f"exception:{exception}", f"exited with code {exit_code} after an uncaught {exception}"
+    if exit_code is None:
+        return "lost", "process ended; exit status unknown"
+    return f"exit:{exit_code}", f"exited with code {exit_code}"
+
+
+def record_task_exit(session: Session, *, node_id: int, job_id: int | None, rank: int | None, pid: int,
+                     exit_code: int | None, exit_signal: int | None, exception: str | None,
+                     observed_at: datetime) -> tuple[Task, str] | None:
+    """Close the running task behind `pid` on `node_id`; returns it with the failure reason ('' if it succeeded)."""
+    query = select(Task).where(Task.node_id == node_id, Task.pid == pid, Task.state == "running")
+    if job_id is not None:
+        query = query.where(Task.job_id == job_id)
+    if rank is not None:
+        query = query.where(Task.rank == rank)
+    task = session.scalars(query.order_by(Task.attempt.desc())).first()
+    if task is None:
+        return None
+    failed = exit_signal is not None or exit_code != 0
+    reason, sentence = describe_exit(exit_code, exit_signal, exception)
+    task.state = "failed" if failed else "exited"
+    task.exit_code, task.exit_signal, task.ended_at = exit_code, exit_signal, observed_at
+    task.failure_reason = reason if failed else ""
+    job = session.get(Job, task.job_id)
+    if job is not None:
+        job.updated_at = observed_at
+        if failed and job.state == "running":
+            job.state = "failed" if job.kind == "training" else job.state
+    record_event(session, kind="task_failed" if failed else "task_exited", severity="critical" if failed else "info",
+                 node_id=node_id, job_id=task.job_id, observed_at=observed_at,
+                 message=f"job {task.job_id} rank {task.rank} (pid {pid}) {sentence}",
+                 data={"rank": task.rank, "pid": pid, "exit_code": exit_code, "signal": exit_signal,
+                       "reason": reason, "attempt": task.attempt})
+    return task, reason if failed else ""

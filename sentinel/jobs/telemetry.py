@@ -14,6 +14,11 @@ import threading
 from collections import deque
 from dataclasses import dataclass, field
 
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
+from sentinel.accelerators.models import Accelerator
+from sentinel.events.models import Event
 from sentinel.jobs.schemas import JobMetrics, RankMetrics
 from sentinel.sdk.flops import peak_flops
 from sentinel.telemetry.schemas import TaskModel, TaskTelemetry
@@ -70,6 +75,15 @@ class JobTelemetry:
         self._lock = threading.Lock()
         # accelerator uuid → (model name, peak FLOP/s measured by its agent, memory bytes)
         self.accelerators: dict[str, tuple[str, float | None, int]] = {}
+
+    def load(self, session: Session) -> None:
+        """Accelerator facts MFU needs, and failure counts that must survive a restart."""
+        for uuid, model, peak, memory in session.execute(
+                select(Accelerator.uuid, Accelerator.model, Accelerator.peak_flops, Accelerator.memory_total_bytes)):
+            self.accelerators[uuid] = (model, peak, memory)
+        for job_id, data in session.execute(select(Event.job_id, Event.data).where(Event.kind == "task_failed")):
+            if job_id is not None:
+                self.count_failure(job_id, str(data.get("reason", "unknown")))
 
     def job(self, job_id: int, kind: str = "training") -> JobStats:
         with self._lock:

@@ -68,6 +68,7 @@ def register_node(session: Session, reg: NodeRegistration) -> tuple[Node, list[A
             row.node_id = node.id
         row.index, row.model, row.memory_total_bytes = info.index, info.model, info.memory_total_bytes
         row.source, row.simulated, row.present = info.source, info.simulated, True
+        row.peak_flops = info.peak_flops
     for uuid, row in existing.items():
         if row.node_id == node.id and uuid not in uuids and row.present:
             row.present = False

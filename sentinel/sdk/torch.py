@@ -2,12 +2,11 @@
 
 On CPU (gloo) a bucket's time runs from the hook call to its future's completion. On CUDA the
 hook records CUDA events around the collective on the current stream and reads their elapsed time
-once the future completes. "Exposed" communication is what the step waited for after compute
+once the future completes. (No `from __future__ import annotations` here: DDP checks the hook's
+annotations at runtime.) "Exposed" communication is what the step waited for after compute
 finished: from the moment the last bucket became ready (backward is done) until the last
 outstanding all-reduce completed. Importing this module imports torch; `sentinel.sdk` does not.
 """
-
-from __future__ import annotations
 
 import threading
 import time
@@ -20,11 +19,16 @@ from sentinel.sdk.telemetry import Telemetry
 
 
 class _BucketClock:
-    """Per-step bookkeeping shared by the hook's callbacks (they run on the backend's thread)."""
+    """Bookkeeping shared by the hook's callbacks (they run on the backend's thread).
+
+    Buckets overlap each other, so communication time is the union of their in-flight intervals
+    (from the first outstanding bucket's start to the moment none is outstanding), not their sum.
+    """
 
     def __init__(self) -> None:
         self.lock = threading.Lock()
         self.outstanding = 0
+        self.busy_since = 0.0
         self.last_ready = 0.0
 
 
@@ -47,6 +51,8 @@ def instrument(ddp_model: Any, telemetry: Telemetry | None = None, process_group
         nbytes = tensor.numel() * tensor.element_size()
         started = time.perf_counter()
         with clock.lock:
+            if clock.outstanding == 0:
+                clock.busy_since = started
             clock.outstanding += 1
             clock.last_ready = started
         cuda_events = None
@@ -60,15 +66,15 @@ def instrument(ddp_model: Any, telemetry: Telemetry | None = None, process_group
 
         def done(fut: torch.futures.Future[list[torch.Tensor]]) -> torch.Tensor:
             finished = time.perf_counter()
-            if cuda_events is not None:
-                cuda_events[1].synchronize()
-                seconds = cuda_events[0].elapsed_time(cuda_events[1]) / 1000.0
-            else:
-                seconds = finished - started
             with clock.lock:
                 clock.outstanding -= 1
-                exposed = finished - clock.last_ready if clock.outstanding == 0 else 0.0
-            tel.record_collective("all_reduce", seconds, nbytes, exposed_seconds=None)
+                idle = clock.outstanding == 0
+                union = finished - clock.busy_since if idle else 0.0
+                exposed = finished - clock.last_ready if idle else 0.0
+            if cuda_events is not None:  # device time of this bucket; the union is not defined on the host
+                cuda_events[1].synchronize()
+                union = cuda_events[0].elapsed_time(cuda_events[1]) / 1000.0
+            tel.record_collective("all_reduce", union, nbytes, exposed_seconds=None)
             if exposed > 0:
                 tel.add_exposed(exposed)
             return fut.value()[0].div_(world)

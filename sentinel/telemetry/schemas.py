@@ -34,6 +34,7 @@ class AcceleratorInfo(WireModel):
     memory_total_bytes: Bytes
     source: Annotated[str, Field(min_length=1, max_length=32)]
     simulated: bool = False
+    peak_flops: Annotated[float, Field(gt=0.0, le=1e18)] | None = None
 
 
 class NodeRegistration(WireModel):
