@@ -9,6 +9,7 @@ throttling, the device going missing). Everything it reports says `sim` in its u
 from __future__ import annotations
 
 import logging
+import os
 import threading
 import time
 from collections.abc import Callable
@@ -17,6 +18,7 @@ from dataclasses import dataclass, field
 import psutil
 
 from collectors.base import Collector, EmitEvent, Readings, register
+from sentinel.sdk.flops import measure_cpu_peak_flops
 from sentinel.telemetry.schemas import AcceleratorInfo, AcceleratorSample, Assignment, HardwareEvent, ProcessMemory
 
 log = logging.getLogger("sentinel.agent.sim")
@@ -37,6 +39,11 @@ class SimFaults:
     hang: bool = False
     slow_factor: float = 1.0
     offline: bool = False
+
+
+def cpu_core_peak_flops() -> float:
+    """A simulated accelerator stands for one CPU core: the whole CPU's measured GEMM peak ÷ cores."""
+    return measure_cpu_peak_flops() / max(1, os.cpu_count() or 1)
 
 
 class ProcessLoad:
@@ -76,7 +83,7 @@ class SimCollector(Collector):
     name = "sim"
 
     def __init__(self, count: int, node: str, *, clock: Callable[[], float] = time.time,
-                 process_load: Callable[[int], tuple[float, int]] | None = None):
+                 process_load: Callable[[int], tuple[float, int]] | None = None, peak_flops: float | None = None):
         if count < 1 or count > 64:
             raise ValueError("sim:N needs 1 ≤ N ≤ 64")
         self._node = node
@@ -86,11 +93,13 @@ class SimCollector(Collector):
         self._peaks = [0] * count
         self._emit: EmitEvent | None = None
         self._lock = threading.Lock()
+        peak = peak_flops if peak_flops is not None else cpu_core_peak_flops()
         self._infos = [AcceleratorInfo(uuid=f"SIM-{node}-{i}", index=i, model=SIM_MODEL,
-                                       memory_total_bytes=SIM_MEMORY_BYTES, source="sim", simulated=True)
+                                       memory_total_bytes=SIM_MEMORY_BYTES, source="sim", simulated=True,
+                                       peak_flops=peak)
                        for i in range(count)]
-        log.warning("sim source: %d SIMULATED accelerators on node %s (no NVML; readings follow task load)",
-                    count, node)
+        log.warning("sim source: %d SIMULATED accelerators on node %s (no NVML; readings follow task load; "
+                    "peak %.3g FLOP/s each = one CPU core's measured GEMM)", count, node, peak)
 
     def start(self, emit_event: EmitEvent) -> None:
         self._emit = emit_event
