@@ -37,7 +37,11 @@ def test_status_jobs_and_inject(tmp_path: Path):
         assert any("bert-large" in line and "pending" in line for line in lines)
 
         jobs = run_cli(server, "jobs")
-        assert jobs.returncode == 0 and "bert-large" in jobs.stdout
+        assert jobs.returncode == 0, jobs.stderr
+        header, _, row = jobs.stdout.splitlines()[:3]
+        assert header.split() == ["JOB", "NAME", "KIND", "STATE", "WORLD", "MFU", "ALLREDUCE", "STEP", "p50/p95",
+                                  "TOKENS/S", "PEAK", "MEM", "FAILURES"]
+        assert row.split()[1:] == ["bert-large", "training", "pending", "8", "-", "-", "-/-", "-", "-", "0"]
 
         drill = run_cli(server, "inject", "--node", "gpu-07", "--accelerator", "2", "ecc")
         assert drill.returncode == 0, drill.stderr
