@@ -17,7 +17,6 @@ from typing import Any
 import httpx
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
-from collectors import host, nvml, sim  # noqa: F401 - each source registers itself by name
 from collectors.base import Collector, Readings, SourceUnavailable, create
 from collectors.jobs import ExitWatcher, TaskRelay
 from collectors.metrics import AgentCollector, AgentSnapshot
@@ -216,6 +215,8 @@ class Agent:
         agent = self
 
         class Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"  # keep-alive: each SDK keeps one connection open
+
             def do_GET(self) -> None:
                 if self.path.split("?")[0] == "/metrics":
                     self._send(200, generate_latest(agent.registry), CONTENT_TYPE_LATEST)
@@ -244,6 +245,9 @@ class Agent:
                 self.send_response(status)
                 self.send_header("content-type", content_type)
                 self.send_header("content-length", str(len(body)))
+                if status >= 400:  # the request body may be unread: do not reuse this connection
+                    self.send_header("connection", "close")
+                    self.close_connection = True
                 self.end_headers()
                 self.wfile.write(body)
 

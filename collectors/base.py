@@ -62,6 +62,10 @@ def register(name: str, factory: Factory) -> None:
 
 def create(spec: str, node: str) -> Collector:
     """Build a source from its spec: `host`, `nvml`, `sim:4`."""
+    import collectors.host
+    import collectors.nvml
+    import collectors.sim  # noqa: F401 - the built-in sources register themselves on import
+
     name, _, argument = spec.partition(":")
     if name not in _FACTORIES:
         known = ", ".join(sorted(_FACTORIES))

@@ -196,11 +196,15 @@ class ExitWatcher:
 
 
 def _is_zombie(pid: int) -> bool | None:
-    """True for a zombie (ended, not yet reaped), False for a live process, None when gone."""
+    """True for a zombie (ended, not yet reaped), False for a live process, None when gone.
+
+    Reads /proc/<pid>/stat directly: this runs for every watched pid every poll."""
     try:
-        return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
-    except psutil.Error:
+        with open(f"/proc/{pid}/stat", "rb") as fh:
+            stat = fh.read()
+    except OSError:
         return None
+    return stat[stat.rfind(b")") + 2:][:1] == b"Z"
 
 
 def parse_exit(data: bytes) -> tuple[int, int | None, int | None] | None:

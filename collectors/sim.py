@@ -46,6 +46,31 @@ def cpu_core_peak_flops() -> float:
     return measure_cpu_peak_flops() / max(1, os.cpu_count() or 1)
 
 
+def descendants(pid: int, proc_root: str = "/proc") -> list[int]:
+    """`pid` and all its descendants, read from /proc/<pid>/task/*/children.
+
+    psutil's children() scans every process on the machine; this reads only the task's own tree,
+    which keeps a cycle's cost flat however many processes the node runs.
+    """
+    found, queue = [], [pid]
+    while queue:
+        current = queue.pop()
+        found.append(current)
+        try:
+            tasks = os.listdir(f"{proc_root}/{current}/task")
+        except OSError:
+            if current == pid and not os.path.exists(f"{proc_root}/{pid}"):
+                raise psutil.NoSuchProcess(pid) from None
+            continue
+        for tid in tasks:
+            try:
+                with open(f"{proc_root}/{current}/task/{tid}/children") as fh:
+                    queue.extend(int(child) for child in fh.read().split())
+            except (OSError, ValueError):
+                continue
+    return found
+
+
 class ProcessLoad:
     """CPU share (0-1 per core) and RSS of a process and its children; (0, 0) once it is gone.
 
@@ -63,8 +88,7 @@ class ProcessLoad:
 
     def __call__(self, pid: int) -> tuple[float, int]:
         try:
-            root = self._process(pid)
-            procs = [root, *(self._process(c.pid) for c in root.children(recursive=True))]
+            procs = [self._process(p) for p in descendants(pid)]
         except psutil.Error:
             self._procs.pop(pid, None)
             return 0.0, 0

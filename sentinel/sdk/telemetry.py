@@ -57,6 +57,7 @@ class Telemetry:
         self.dropped_batches = 0
         self.dropped_steps = 0
         self._stop = threading.Event()
+        self._sender = _AgentConnection(self.agent_url)
         self._thread: threading.Thread | None = None
         if start_thread and self.job_id is not None:
             self._thread = threading.Thread(target=self._run, name="sentinel-sdk", daemon=True)
@@ -154,7 +155,7 @@ class Telemetry:
         if batch is None:
             return True
         try:
-            _post_json(self.agent_url, "/v1/telemetry", batch, timeout_seconds)
+            self._sender.post_json("/v1/telemetry", batch, timeout_seconds)
         except (OSError, http.client.HTTPException, ValueError) as exc:
             self.dropped_batches += 1
             if self.dropped_batches in (1, 10, 100) or self.dropped_batches % 1000 == 0:
@@ -200,15 +201,30 @@ def peak_memory_bytes() -> tuple[int, str]:
     return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024, "rss"
 
 
-def _post_json(base_url: str, path: str, body: Any, timeout_seconds: float) -> None:
-    url = urllib.parse.urlsplit(base_url)
-    conn = http.client.HTTPConnection(url.hostname or "127.0.0.1", url.port or 80, timeout=timeout_seconds)
-    try:
-        conn.request("POST", path, body=json.dumps(body, allow_nan=False),
-                     headers={"content-type": "application/json"})
-        response = conn.getresponse()
-        response.read()
-        if response.status >= 300:
-            raise ValueError(f"agent answered {response.status}")
-    finally:
-        conn.close()
+class _AgentConnection:
+    """One keep-alive connection to the agent, reopened after any error; safe from several threads."""
+
+    def __init__(self, base_url: str):
+        url = urllib.parse.urlsplit(base_url)
+        self._host, self._port = url.hostname or "127.0.0.1", url.port or 80
+        self._conn: http.client.HTTPConnection | None = None
+        self._lock = threading.Lock()
+
+    def post_json(self, path: str, body: Any, timeout_seconds: float) -> None:
+        payload = json.dumps(body, allow_nan=False)
+        with self._lock:
+            if self._conn is None:
+                self._conn = http.client.HTTPConnection(self._host, self._port, timeout=timeout_seconds)
+            conn = self._conn
+            if conn.sock is not None:
+                conn.sock.settimeout(timeout_seconds)
+            try:
+                conn.request("POST", path, body=payload, headers={"content-type": "application/json"})
+                response = conn.getresponse()
+                response.read()
+            except BaseException:
+                conn.close()
+                self._conn = None
+                raise
+            if response.status >= 300:
+                raise ValueError(f"agent answered {response.status}")

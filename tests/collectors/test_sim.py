@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import time
@@ -76,3 +77,28 @@ def test_bad_injections_are_refused(index, fault):
 def test_unknown_source_names_the_known_ones():
     with pytest.raises(ValueError, match=r"known: .*host.*sim"):
         create("tpu:4", "n1")
+
+
+def test_a_task_s_children_count_toward_its_load():
+    from collectors.sim import descendants
+
+    parent = subprocess.Popen([sys.executable, "-c",
+                               "import subprocess, sys, time\n"
+                               "c = subprocess.Popen([sys.executable, '-c', 'x = bytearray(200 * 2**20); "
+                               "import time; time.sleep(60)'])\n"
+                               "time.sleep(60)"])
+    try:
+        deadline = time.monotonic() + 10
+        while len(descendants(parent.pid)) < 2 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        tree = descendants(parent.pid)
+        assert tree[0] == parent.pid and len(tree) == 2
+        time.sleep(0.5)  # let the child allocate
+        _, rss = SimCollector(1, "n1", peak_flops=1e9)._process_load(parent.pid)
+        assert rss > 200 * 2**20
+    finally:
+        for pid in reversed(descendants(parent.pid)):
+            os.kill(pid, 9)
+        parent.wait()
+    with pytest.raises(Exception):  # noqa: B017 - psutil.NoSuchProcess once the tree is gone
+        descendants(parent.pid)
