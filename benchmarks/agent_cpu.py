@@ -59,7 +59,6 @@ import json
 import os
 import shutil
 import signal
-import socket
 import statistics
 import subprocess
 import sys
@@ -71,9 +70,8 @@ from pathlib import Path
 from typing import Any
 
 import psutil
+from support import HOST, REPO, BenchError, Processes, free_port, http_call, tail
 
-REPO = Path(__file__).resolve().parent.parent
-HOST = "127.0.0.1"
 NODE = "bench-agent-cpu"
 NODE_EXPORTER = "/usr/bin/prometheus-node-exporter"
 TASKS = 4
@@ -83,10 +81,6 @@ SIM_BASE_MEMORY_BYTES = 512 * 2**20  # collectors.sim.BASE_MEMORY_BYTES: above i
 CLK_TCK = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
 PROMETHEUS_ACCEPT = ("application/openmetrics-text;version=1.0.0,application/openmetrics-text;version=0.0.1;q=0.75,"
                      "text/plain;version=0.0.4;q=0.5,*/*;q=0.1")
-
-
-class BenchError(Exception):
-    pass
 
 
 # --------------------------------------------------------------------------------------------------
@@ -112,77 +106,6 @@ def run_task(job_id: int, rank: int, agent_url: str, step_ms: float, max_seconds
             with tel.collective("all_reduce", nbytes=64 * 2**20):
                 time.sleep(0.001)
     tel.close()
-
-
-# --------------------------------------------------------------------------------------------------
-# Processes and HTTP helpers
-# --------------------------------------------------------------------------------------------------
-
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind((HOST, 0))
-        return int(s.getsockname()[1])
-
-
-class Processes:
-    """Every subprocess started, each in its own session; stopped (SIGINT, then SIGKILL) on exit."""
-
-    def __init__(self) -> None:
-        self.procs: list[tuple[str, subprocess.Popen[bytes], Path]] = []
-
-    def start(self, name: str, argv: list[str], env: dict[str, str], log: Path) -> subprocess.Popen[bytes]:
-        with open(log, "ab") as fh:
-            proc = subprocess.Popen(argv, cwd=REPO, env=env, stdin=subprocess.DEVNULL, stdout=fh, stderr=fh,
-                                    start_new_session=True)
-        self.procs.append((name, proc, log))
-        return proc
-
-    def check_alive(self, proc: subprocess.Popen[bytes]) -> None:
-        if proc.poll() is not None:
-            name, _, log = next(p for p in self.procs if p[1] is proc)
-            raise BenchError(f"{name} exited with status {proc.returncode}\n{tail(log)}")
-
-    def stop(self, proc: subprocess.Popen[bytes], timeout: float = 15.0) -> None:
-        if proc.poll() is None:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(proc.pid, signal.SIGINT)
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            proc.wait(timeout=timeout)
-        if proc.poll() is None:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(proc.pid, signal.SIGKILL)
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                proc.wait(timeout=5)
-
-    def stop_all(self) -> None:
-        for _, proc, _ in reversed(self.procs):
-            if proc.poll() is None:
-                with contextlib.suppress(ProcessLookupError):
-                    os.killpg(proc.pid, signal.SIGINT)
-        deadline = time.monotonic() + 15
-        for _, proc, _ in reversed(self.procs):
-            self.stop(proc, timeout=max(0.1, deadline - time.monotonic()))
-
-
-def tail(log: Path | None, lines: int = 30) -> str:
-    if log is None or not log.exists():
-        return ""
-    text = log.read_text(errors="replace").splitlines()[-lines:]
-    return "\n".join(f"    | {line}" for line in text)
-
-
-def http_call(port: int, method: str, path: str, body: Any = None, token: str | None = None,
-              timeout: float = 30.0) -> tuple[int, bytes]:
-    conn = http.client.HTTPConnection(HOST, port, timeout=timeout)
-    try:
-        headers = {"Content-Type": "application/json"}
-        if token:
-            headers["Authorization"] = f"Bearer {token}"
-        conn.request(method, path, body=json.dumps(body).encode() if body is not None else None, headers=headers)
-        resp = conn.getresponse()
-        return resp.status, resp.read()
-    finally:
-        conn.close()
 
 
 def api(port: int, method: str, path: str, token: str, body: Any = None, expect: int = 200) -> Any:

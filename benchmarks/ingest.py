@@ -51,9 +51,8 @@ from typing import Any
 # At module level: the baseline's endpoint annotations are strings (PEP 563) that FastAPI resolves here.
 from starlette.requests import Request
 from starlette.responses import JSONResponse
+from support import HOST, REPO, BenchError, Processes, free_port, http_call, tail
 
-REPO = Path(__file__).resolve().parent.parent
-HOST = "127.0.0.1"
 ACCELERATORS_PER_NODE = 8
 BODY_VARIANTS = 4  # distinct value sets per node, cycled, so consecutive reports differ
 # Long enough that no node goes down while the other endpoint is being measured (down = 3 intervals).
@@ -396,75 +395,6 @@ def loadgen_entry() -> None:
 # --------------------------------------------------------------------------------------------------
 # The orchestrator
 # --------------------------------------------------------------------------------------------------
-
-class BenchError(Exception):
-    pass
-
-
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind((HOST, 0))
-        return int(s.getsockname()[1])
-
-
-class Processes:
-    """Every subprocess started, each in its own session; stopped (SIGINT, then SIGKILL) on exit."""
-
-    def __init__(self) -> None:
-        self.procs: list[tuple[str, subprocess.Popen[bytes], Path]] = []
-
-    def start(self, name: str, argv: list[str], env: dict[str, str], log: Path,
-              stdin: int | None = None, stdout: int | None = None) -> subprocess.Popen[bytes]:
-        """Output goes to `log` (stderr only, when `stdout` is given, e.g. a pipe)."""
-        with open(log, "ab") as fh:
-            proc = subprocess.Popen(argv, cwd=REPO, env=env, stdin=stdin,
-                                    stdout=stdout if stdout is not None else fh,
-                                    stderr=fh, start_new_session=True)
-        self.procs.append((name, proc, log))
-        return proc
-
-    def check_alive(self, proc: subprocess.Popen[bytes]) -> None:
-        if proc.poll() is not None:
-            name, _, log = next(p for p in self.procs if p[1] is proc)
-            raise BenchError(f"{name} exited with status {proc.returncode}\n{tail(log)}")
-
-    def stop_all(self) -> None:
-        for _, proc, _ in reversed(self.procs):
-            if proc.poll() is None:
-                with contextlib.suppress(ProcessLookupError):
-                    os.killpg(proc.pid, signal.SIGINT)
-        deadline = time.monotonic() + 15
-        for _, proc, _ in reversed(self.procs):
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                proc.wait(timeout=max(0.1, deadline - time.monotonic()))
-            if proc.poll() is None:
-                with contextlib.suppress(ProcessLookupError):
-                    os.killpg(proc.pid, signal.SIGKILL)
-                with contextlib.suppress(subprocess.TimeoutExpired):
-                    proc.wait(timeout=5)
-
-
-def tail(log: Path | None, lines: int = 30) -> str:
-    if log is None or not log.exists():
-        return ""
-    text = log.read_text(errors="replace").splitlines()[-lines:]
-    return "\n".join(f"    | {line}" for line in text)
-
-
-def http_call(port: int, method: str, path: str, body: Any = None, token: str | None = None,
-              timeout: float = 30.0) -> tuple[int, bytes]:
-    conn = http.client.HTTPConnection(HOST, port, timeout=timeout)
-    try:
-        headers = {"Content-Type": "application/json"}
-        if token:
-            headers["Authorization"] = f"Bearer {token}"
-        data = body if isinstance(body, bytes) else (json.dumps(body).encode() if body is not None else None)
-        conn.request(method, path, body=data, headers=headers)
-        resp = conn.getresponse()
-        return resp.status, resp.read()
-    finally:
-        conn.close()
-
 
 def wait_until(what: str, probe: Any, procs: Processes, proc: subprocess.Popen[bytes], timeout: float) -> None:
     deadline = time.monotonic() + timeout
