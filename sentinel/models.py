@@ -1,12 +1,15 @@
 """Every domain's tables, imported in one place for Alembic's metadata."""
 
 from sentinel.accelerators.models import Accelerator
+from sentinel.alerting.models import DeliveryAttempt, Notification, Silence
 from sentinel.audit.models import AuditEntry
 from sentinel.auth.models import ApiToken
 from sentinel.db import Base
 from sentinel.events.models import Event
+from sentinel.incidents.models import Incident
 from sentinel.jobs.models import Job, Task
 from sentinel.nodes.models import Node
 from sentinel.telemetry.models import ReportReceipt
 
-__all__ = ["Accelerator", "ApiToken", "AuditEntry", "Base", "Event", "Job", "Node", "ReportReceipt", "Task"]
+__all__ = ["Accelerator", "ApiToken", "AuditEntry", "Base", "DeliveryAttempt", "Event", "Incident", "Job", "Node",
+           "Notification", "ReportReceipt", "Silence", "Task"]
