@@ -198,7 +198,23 @@ def peak_memory_bytes() -> tuple[int, str]:
                 return int(torch.cuda.max_memory_allocated()), "cuda"
         except Exception:  # a broken CUDA context must not break telemetry
             pass
-    return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024, "rss"
+    return _peak_rss(), "rss"
+
+
+def _peak_rss() -> int:
+    """This process's own peak RSS: VmHWM, the high-water mark of its current address space.
+
+    Not getrusage's ru_maxrss: Linux carries that across fork and exec, so a rank started by a large
+    launcher (a 800 MB pytest, a torchrun agent) would report its parent's size as its own peak.
+    """
+    try:
+        with open("/proc/self/status", "rb") as fh:
+            for line in fh:
+                if line.startswith(b"VmHWM:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024
 
 
 class _AgentConnection:

@@ -100,3 +100,16 @@ def test_an_uncaught_exception_is_sent_before_the_process_dies(agent, tmp_path):
     assert result.returncode == 1 and "loss is NaN" in result.stderr
     failures = [b["failure"] for b in agent.batches if b["failure"]]
     assert failures == [{"type": "RuntimeError", "message": "loss is NaN at step 1"}]
+
+
+def test_peak_memory_is_the_process_own_not_its_launcher():
+    """Linux carries ru_maxrss across fork and exec: a rank started by a large launcher must not report
+    the launcher's size as its own peak."""
+    ballast = bytearray(300 * 2**20)
+    for i in range(0, len(ballast), 4096):
+        ballast[i] = 1
+    code = "from sentinel.sdk.telemetry import peak_memory_bytes; print(peak_memory_bytes()[0])"
+    child = int(subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                               timeout=60).stdout)
+    assert 1 * 2**20 < child < 200 * 2**20, f"child peak {child} bytes includes the parent's 300 MiB"
+    del ballast
