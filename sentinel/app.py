@@ -15,11 +15,13 @@ from sqlalchemy import text
 from sentinel import __version__, errors
 from sentinel.accelerators.api import fleet_router
 from sentinel.accelerators.api import router as accelerators_router
+from sentinel.alerting.api import router as alerting_router
 from sentinel.auth.api import router as tokens_router
 from sentinel.auth.deps import READ, allow
 from sentinel.clock import Clock
 from sentinel.config import Settings
 from sentinel.events.api import router as events_router
+from sentinel.incidents.api import router as incidents_router
 from sentinel.jobs.api import router as jobs_router
 from sentinel.metrics import build_registry
 from sentinel.nodes.api import router as nodes_router
@@ -62,7 +64,8 @@ def create_app(settings: Settings, clock: Clock | None = None, *, migrate: bool 
     app.add_middleware(errors.BodyLimit, max_bytes=settings.max_body_bytes)
 
     api = APIRouter(prefix="/api/v1")
-    for router in (nodes_router, accelerators_router, fleet_router, jobs_router, events_router, tokens_router):
+    for router in (nodes_router, accelerators_router, fleet_router, jobs_router, events_router, tokens_router,
+                   incidents_router, alerting_router):
         api.include_router(router)
     app.include_router(api)
 

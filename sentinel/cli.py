@@ -16,6 +16,7 @@ import httpx
 from sentinel.client import ApiError, SentinelClient, resolve_token
 from sentinel.config import load_settings
 from sentinel.console import human_bytes, table
+from sentinel.incidents import cli as incidents_cli
 
 LOG_FORMAT = "%(asctime)s %(levelname)-7s %(name)s: %(message)s"
 
@@ -210,6 +211,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--state", default=None)
     p.add_argument("--limit", type=int, default=50)
     p.set_defaults(fn=cmd_jobs)
+
+    incidents_cli.add_parsers(sub, _remote)
 
     p = sub.add_parser("inject", help="fault drill on a simulated accelerator")
     _remote(p)

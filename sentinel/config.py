@@ -10,6 +10,8 @@ from typing import Any
 from pydantic import Field, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from sentinel.alerting.config import ReceiverConfig
+
 
 def default_data_dir() -> Path:
     """A per-user data directory, following XDG where it is set."""
@@ -33,6 +35,26 @@ class Settings(BaseSettings):
     receipt_retention_seconds: float = Field(default=24 * 3600.0, gt=0)
     window_samples: int = Field(default=60, ge=1, le=10_000)
     metrics_require_token: bool = True
+    # Detection (DESIGN §4): the fault catalog is data; a file here replaces the built-in one.
+    fault_catalog_file: Path | None = None
+    detection_interval_seconds: float = Field(default=2.0, gt=0)
+    disabled_detectors: list[str] = []
+    # per-detector tunables, e.g. {"straggler": {"margin": 0.25}}; each detector documents its own
+    detector_options: dict[str, dict[str, float]] = {}
+    # An incident whose condition cleared is resolved only after it stays clear this long.
+    resolve_after_seconds: float = Field(default=60.0, ge=0)
+    # When this share of a detector's subjects (and at least this many) trip at once: one fleet-wide incident.
+    fleet_wide_share: float = Field(default=0.25, gt=0, le=1)
+    fleet_wide_min_findings: int = Field(default=3, ge=2)
+    # A rank is hung after no step progress for max(hang_min_seconds, hang_step_factor × its p95 step,
+    # 3 report intervals) while its process lives; before its first step the limit is hang_startup_seconds.
+    hang_min_seconds: float = Field(default=5.0, gt=0)
+    hang_step_factor: float = Field(default=20.0, gt=1)
+    hang_startup_seconds: float = Field(default=600.0, gt=0)
+    # Alerting: receivers (alertmanager | webhook | slack | pagerduty), each with its own route filter.
+    receivers: list[ReceiverConfig] = []
+    alert_resend_seconds: float = Field(default=60.0, gt=0)
+    notify_max_attempts: int = Field(default=12, ge=1)
     log_level: str = "INFO"
 
     @field_validator("database_url")

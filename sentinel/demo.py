@@ -65,6 +65,7 @@ def run_demo(*, data_dir: Path | None, port: int, agent_port: int, accelerators:
               f"  server metrics  curl -H \"Authorization: Bearer $(cat {data_dir}/admin-token)\" {url}/metrics\n"
               f"  fault drill     SENTINEL_DATA_DIR={data_dir} sentinel inject --server {url} "
               "--node demo-node-1 --accelerator 0 xid 79\n"
+              f"  then incidents  SENTINEL_DATA_DIR={data_dir} sentinel incidents --server {url}\n"
               f"  admin token     {data_dir}/admin-token\n"
               f"  logs            {log_path}\n"
               "Press Ctrl-C to stop.", flush=True)

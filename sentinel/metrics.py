@@ -42,6 +42,16 @@ class FleetCollector(Collector):
         for reason, count in sorted(ingest.rejected_total.items()):
             rejected.add_metric([reason], count)
         yield rejected
+        incidents = GaugeMetricFamily("sentinel_incidents_open", "Incidents not yet resolved, by severity",
+                                      labels=["severity"])
+        for severity, count in self._rt.incidents.open_counts().items():
+            incidents.add_metric([severity], count)
+        yield incidents
+        sent = CounterMetricFamily("sentinel_notifications", "Notification deliveries by receiver, event and result",
+                                   labels=["receiver", "event", "result"])
+        for (receiver, event, result), count in sorted(self._rt.dispatcher.snapshot().items()):
+            sent.add_metric([receiver, event, result], count)
+        yield sent
         errors = CounterMetricFamily("sentinel_plugin_errors", "Failures of scheduled jobs and plugins",
                                      labels=["plugin"])
         for plugin, count in sorted(self._rt.plugin_errors.items()):
@@ -139,4 +149,5 @@ def build_registry(runtime: Runtime) -> CollectorRegistry:
     registry = CollectorRegistry(auto_describe=False)
     for collector in (FleetCollector(runtime), JobCollector(runtime), ReliabilityCollector(runtime)):
         registry.register(collector)
+    registry.register(runtime.incidents.latency)
     return registry

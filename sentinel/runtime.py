@@ -9,14 +9,21 @@ import logging
 import os
 import threading
 from dataclasses import dataclass, field
+from datetime import datetime
 
 from sqlalchemy import Engine
 from sqlalchemy.orm import Session, sessionmaker
 
+from sentinel.alerting.dispatcher import Dispatcher
 from sentinel.auth.service import TokenCache, count_tokens, create_token
-from sentinel.clock import Clock, SystemClock
+from sentinel.clock import Clock, SystemClock, to_datetime
 from sentinel.config import Settings
 from sentinel.db import make_engine, make_sessionmaker, transaction, upgrade
+from sentinel.detection.base import DetectionContext
+from sentinel.detection.catalog import FaultCatalog
+from sentinel.detection.engine import DetectionEngine, load_detectors
+from sentinel.detection.history import FaultHistory
+from sentinel.incidents.lifecycle import Incidents
 from sentinel.jobs.service import assignments_by_node
 from sentinel.jobs.telemetry import JobTelemetry
 from sentinel.nodes.commands import CommandQueue
@@ -40,7 +47,11 @@ class Runtime:
     ingest: Ingest
     tokens: TokenCache
     commands: CommandQueue
-    jobs: JobTelemetry = field(default_factory=JobTelemetry)
+    jobs: JobTelemetry
+    history: FaultHistory
+    incidents: Incidents
+    detection: DetectionEngine
+    dispatcher: Dispatcher
     assignments: dict[int, list[Assignment]] = field(default_factory=dict)
     assignments_lock: threading.Lock = field(default_factory=threading.Lock)
     plugin_errors: dict[str, int] = field(default_factory=dict)
@@ -55,8 +66,21 @@ class Runtime:
         samples = SampleStore(settings.window_samples)
         ingest = Ingest(factory=factory, fleet=fleet, samples=samples, clock=clock,
                         writer=GroupCommitWriter(factory))
-        return cls(settings=settings, clock=clock, engine=engine, factory=factory, fleet=fleet,
-                   samples=samples, ingest=ingest, tokens=TokenCache(factory), commands=CommandQueue())
+        jobs, history = JobTelemetry(), FaultHistory()
+        dispatcher = Dispatcher(factory, settings, clock)
+        incidents = Incidents(factory, settings, clock, enqueued=dispatcher.enqueued)
+        holder: list[Runtime] = []
+        ctx = DetectionContext(settings=settings, clock=clock, fleet=fleet, samples=samples, jobs=jobs,
+                               catalog=FaultCatalog.load(settings.fault_catalog_file), history=history,
+                               assignments=lambda: holder[0].assignments)
+        errors: dict[str, int] = {}
+        detection = DetectionEngine(ctx, load_detectors(settings), incidents, errors)
+        runtime = cls(settings=settings, clock=clock, engine=engine, factory=factory, fleet=fleet,
+                      samples=samples, ingest=ingest, tokens=TokenCache(factory), commands=CommandQueue(),
+                      jobs=jobs, history=history, incidents=incidents, detection=detection, dispatcher=dispatcher,
+                      plugin_errors=errors)
+        holder.append(runtime)
+        return runtime
 
     def start(self, migrate: bool = True) -> None:
         if migrate:
@@ -66,19 +90,30 @@ class Runtime:
             self.fleet.load(session, now=self.clock.time())
             self.assignments = assignments_by_node(session)
             self.jobs.load(session)
+            self.history.load(session, now=self.clock.time())
+            self.incidents.load(session)
         self.ingest.listeners.append(self._on_report)
+        self.ingest.listeners.append(self.detection.on_report)
         self.ingest.writer.start()
+        self.detection.start()
+        self.dispatcher.start()
         self.ready = True
 
     def stop(self) -> None:
         self.ready = False
         self.ingest.writer.stop()
+        self.detection.stop()
+        self.dispatcher.stop()
         self.engine.dispose()
+
+    def clock_now(self) -> datetime:
+        return to_datetime(self.clock.time())
 
     def _on_report(self, live: NodeLive, report: NodeReport, exits: list[ClosedTask]) -> None:
         if report.tasks:
             self.jobs.add(live.name, report.tasks, self.clock.time())
         for closed in exits:
+            self.jobs.mark_ended(closed.job_id, closed.rank, closed.pid)
             if closed.failure_reason:
                 self.jobs.count_failure(closed.job_id, closed.failure_reason)
         if exits:

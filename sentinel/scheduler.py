@@ -25,12 +25,20 @@ def guarded(runtime: Runtime, name: str, fn: Callable[[], Any]) -> Callable[[], 
     return run
 
 
+def liveness(runtime: Runtime) -> None:
+    """Mark silent nodes down; when some went down, judge heartbeat loss now rather than at the next round."""
+    s = runtime.settings
+    if check_liveness(runtime.factory, runtime.fleet, runtime.clock, s.missed_intervals_down):
+        runtime.detection.evaluate(only="heartbeat")
+
+
 def build_scheduler(runtime: Runtime) -> BackgroundScheduler:
     s = runtime.settings
     scheduler = BackgroundScheduler(job_defaults={"coalesce": True, "max_instances": 1, "misfire_grace_time": 30})
     jobs: list[tuple[str, float, Callable[[], Any]]] = [
-        ("liveness", s.liveness_check_seconds,
-         lambda: check_liveness(runtime.factory, runtime.fleet, runtime.clock, s.missed_intervals_down)),
+        ("liveness", s.liveness_check_seconds, lambda: liveness(runtime)),
+        ("detect", s.detection_interval_seconds, runtime.detection.evaluate),
+        ("alert_refresh", s.alert_resend_seconds, lambda: runtime.dispatcher.refresh_alertmanager(runtime.clock_now())),
         ("liveness_flush", s.liveness_flush_seconds, lambda: flush_liveness(runtime.factory, runtime.fleet)),
         ("receipt_prune", 300.0,
          lambda: prune_receipts(runtime.factory, runtime.clock, s.receipt_retention_seconds)),

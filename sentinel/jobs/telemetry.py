@@ -24,6 +24,7 @@ from sentinel.sdk.flops import peak_flops
 from sentinel.telemetry.schemas import TaskModel, TaskTelemetry
 
 STEP_WINDOW = 512
+WARMUP_STEPS = 5  # the first steps of every attempt (compilation, caches, data loader start) are not judged
 
 
 @dataclass
@@ -47,6 +48,15 @@ class RankStats:
     model: TaskModel | None = None
     node: str = ""
     last_seen: float = 0.0
+    first_seen: float = 0.0
+    # the current attempt: a new pid or attempt number starts a new one (after a restart)
+    pid: int = 0
+    attempt: int = 0
+    attempt_steps: int = 0
+    # (received at, step seconds) of steps past warm-up in this attempt, for detectors
+    recent: deque[tuple[float, float]] = field(default_factory=lambda: deque(maxlen=STEP_WINDOW))
+    last_progress_at: float | None = None  # when last_step last moved forward
+    ended: bool = False  # its process exited; a hung rank is one whose process still lives
 
 
 @dataclass
@@ -100,6 +110,17 @@ class JobTelemetry:
                 rank = stats.ranks.get(task.rank)
                 if rank is None:
                     rank = stats.ranks[task.rank] = RankStats(task.rank)
+                if rank.pid != task.pid or rank.attempt != task.attempt:
+                    rank.pid, rank.attempt, rank.attempt_steps = task.pid, task.attempt, 0
+                    rank.ended, rank.first_seen, rank.last_progress_at = False, now, None
+                    rank.recent.clear()
+                for seconds in task.step_seconds:
+                    rank.attempt_steps += 1
+                    if rank.attempt_steps > WARMUP_STEPS:
+                        rank.recent.append((now, seconds))
+                if task.steps > 0 or (task.last_step is not None and (rank.last_step is None
+                                                                      or task.last_step > rank.last_step)):
+                    rank.last_progress_at = now
                 rank.step_seconds.extend(task.step_seconds)
                 rank.intervals.append(_Interval(now, task.steps, task.tokens, task.busy_seconds,
                                                 task.collective_seconds, task.exposed_collective_seconds))
@@ -115,6 +136,19 @@ class JobTelemetry:
         stats = self.job(job_id)
         with self._lock:
             stats.failures[reason] = stats.failures.get(reason, 0) + 1
+
+    def mark_ended(self, job_id: int, rank: int, pid: int) -> None:
+        """The rank's process exited: it can no longer be hung."""
+        with self._lock:
+            stats = self._jobs.get(job_id)
+            found = stats.ranks.get(rank) if stats else None
+            if found is not None and found.pid in (pid, 0):
+                found.ended = True
+
+    def snapshot(self) -> list[JobStats]:
+        """The jobs as they are now, for detectors. Rank objects are shared: read, never write."""
+        with self._lock:
+            return list(self._jobs.values())
 
     def forget(self, job_id: int) -> None:
         with self._lock:
@@ -183,6 +217,75 @@ class JobTelemetry:
                 return table or measured
         return None
 
+    # --- windowed reads for detectors (each under the lock: ingest appends from another thread) ---
+
+    def recent_steps(self, job_id: int, since: float, last: int) -> dict[int, list[tuple[float, float]]]:
+        """Per live rank, its newest `last` post-warm-up (received at, step seconds) received at or after
+        `since`, oldest first; O(last) per rank."""
+        with self._lock:
+            stats = self._jobs.get(job_id)
+            if stats is None:
+                return {}
+            out: dict[int, list[tuple[float, float]]] = {}
+            for rank in stats.ranks.values():
+                if rank.ended:
+                    continue
+                steps: list[tuple[float, float]] = []
+                for at, seconds in reversed(rank.recent):
+                    if at < since or len(steps) >= last:
+                        break
+                    steps.append((at, seconds))
+                steps.reverse()
+                out[rank.rank] = steps
+            return out
+
+    def rates(self, job_id: int, since: float, until: float, *,
+              accelerators_by_rank: dict[int, list[str]] | None = None) -> WindowRates | None:
+        """MFU, all-reduce share and throughput from the intervals received in (since, until], counting
+        only the current attempt past warm-up. None until every reporting rank has stepped in the window:
+        a rank still warming up (or stuck) would bias it."""
+        with self._lock:
+            stats = self._jobs.get(job_id)
+            if stats is None:
+                return None
+            per_rank: list[tuple[RankStats, float, float, float, int]] = []
+            for rank in stats.ranks.values():
+                if rank.ended or rank.last_seen <= since:  # gone or silent: not part of this window
+                    continue
+                busy = tokens = collective = 0.0
+                steps = 0
+                for interval in _settled_intervals(rank):
+                    if since < interval.at <= until:
+                        busy += interval.busy_seconds
+                        tokens += interval.tokens
+                        collective += interval.collective_seconds
+                        steps += interval.steps
+                if busy <= 0 or steps <= 0:
+                    return None
+                per_rank.append((rank, busy, tokens, collective, steps))
+            if not per_rank:
+                return None
+            achieved = peak_total = 0.0
+            mfu_known = True
+            shares: dict[int, float] = {}
+            for rank, busy, tokens, collective, _ in per_rank:
+                shares[rank.rank] = min(1.0, collective / busy)
+                peak = self._peak(rank.model, (accelerators_by_rank or {}).get(rank.rank, []))
+                if rank.model is None or peak is None:
+                    mfu_known = False
+                    continue
+                achieved += rank.model.flops_per_token * tokens / busy
+                peak_total += peak * rank.model.accelerators_per_rank
+        total_steps = sum(r[4] for r in per_rank)
+        return WindowRates(
+            since=since, until=until, ranks=len(per_rank), steps=total_steps,
+            tokens_per_second=sum(r[2] / r[1] for r in per_rank),
+            tokens_per_step=sum(r[2] for r in per_rank) / total_steps,
+            step_seconds=sum(r[1] for r in per_rank) / total_steps,
+            allreduce_share=statistics.fmean(shares.values()),
+            mfu=achieved / peak_total if mfu_known and peak_total > 0 else None,
+            rank_shares=shares)
+
 
 def mfu_of(ranks: list[RankMetrics]) -> float | None:
     """Σ FLOPs/token × tokens/s over ranks ÷ Σ accelerators × peak; None until every rank can say."""
@@ -193,3 +296,32 @@ def mfu_of(ranks: list[RankMetrics]) -> float | None:
         achieved += r.flops_per_token * r.tokens_per_second
         peak_total += r.peak_flops_per_accelerator * r.accelerators_per_rank
     return achieved / peak_total if ranks and peak_total else None
+
+
+@dataclass
+class WindowRates:
+    """A job's signals over one window, for detectors that compare a window with the job's own past."""
+
+    since: float
+    until: float
+    ranks: int
+    steps: int  # summed over ranks
+    tokens_per_second: float  # summed over ranks (each rank's tokens over its time inside steps)
+    tokens_per_step: float  # per rank
+    step_seconds: float  # mean time inside a step
+    allreduce_share: float  # mean over ranks of collective ÷ step time
+    mfu: float | None  # None unless every rank knows its FLOPs per token and its peak
+    rank_shares: dict[int, float]
+
+
+def _settled_intervals(rank: RankStats) -> list[_Interval]:
+    """The rank's intervals in its current attempt that hold no warm-up step (oldest first)."""
+    attempt = [i for i in rank.intervals if i.at >= rank.first_seen]
+    # steps of this attempt already trimmed out of the interval window
+    counted = max(0, rank.attempt_steps - sum(i.steps for i in attempt))
+    settled = []
+    for interval in attempt:
+        if counted >= WARMUP_STEPS:
+            settled.append(interval)
+        counted += interval.steps
+    return settled

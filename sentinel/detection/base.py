@@ -1,0 +1,194 @@
+"""What a detector is, what it finds, and what it may read.
+
+A detector is a small plugin. Event-driven detectors look at each accepted report as it arrives
+(`on_report`); statistical ones run on APScheduler (`evaluate`) and return every condition that
+holds now. An open incident is auto-resolved when its detector says the condition no longer
+holds (`holds`) for the hysteresis period; latched incidents (hardware faults) wait for a person
+or for remediation.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, ClassVar
+
+if TYPE_CHECKING:
+    from sentinel.clock import Clock
+    from sentinel.config import Settings
+    from sentinel.detection.catalog import FaultCatalog
+    from sentinel.detection.history import FaultHistory
+    from sentinel.jobs.telemetry import JobTelemetry
+    from sentinel.nodes.live import Fleet, NodeLive
+    from sentinel.telemetry.ingest import ClosedTask
+    from sentinel.telemetry.samples import SampleStore
+    from sentinel.telemetry.schemas import Assignment, NodeReport
+
+log = logging.getLogger("sentinel.detection")
+
+SEVERITY_ORDER = {"info": 0, "warning": 1, "critical": 2}
+
+
+@dataclass(frozen=True)
+class Subject:
+    """What an incident is about; any combination may be set."""
+
+    node: str | None = None
+    accelerator: str | None = None
+    job_id: int | None = None
+    rank: int | None = None
+
+    def describe(self) -> str:
+        parts = []
+        if self.job_id is not None:
+            parts.append(f"job {self.job_id}" + (f" rank {self.rank}" if self.rank is not None else ""))
+        if self.node is not None:
+            parts.append(f"node {self.node}")
+        if self.accelerator is not None:
+            parts.append(f"accelerator {self.accelerator}")
+        return ", ".join(parts) or "the fleet"
+
+
+@dataclass
+class Finding:
+    """One condition a detector sees now. The same finding seen again updates its incident."""
+
+    detector: str
+    key: str  # what makes it distinct within the detector, e.g. "node=n1|xid=79"
+    severity: str  # info | warning | critical
+    title: str  # one line: what happened, where
+    layer: str  # hardware | interconnect | compute | input_pipeline | checkpoint_io | software | unknown
+    subject: Subject
+    seen: str  # what was seen, in a sentence or two with the numbers
+    comparison: str = ""  # compared with what: peers, the job's baseline, the accelerator's history
+    evidence: dict[str, Any] = field(default_factory=dict)  # the window and the raw events
+    next_steps: list[str] = field(default_factory=list)
+    action: str = "record"  # the recommended action: record | restart_task | reset_accelerator | ...
+    observed_at: float | None = None  # when the signal was first observed (detection latency is from here)
+    latched: bool = False  # stays open until a person or remediation resolves it
+
+    @property
+    def fingerprint(self) -> str:
+        return f"{self.detector}|{self.key}"[:255]
+
+
+@dataclass
+class Evaluation:
+    """What a periodic detector returns: the findings that hold now, out of how many subjects it looked at."""
+
+    findings: list[Finding]
+    subjects: int
+
+
+@dataclass(frozen=True)
+class OpenIncident:
+    """The engine's in-memory view of an incident that is not resolved."""
+
+    id: int
+    fingerprint: str
+    detector: str
+    latched: bool
+    subject: Subject
+    opened_at: float
+
+    @property
+    def job_id(self) -> int | None:
+        return self.subject.job_id
+
+
+@dataclass
+class DetectionContext:
+    """Everything a detector may read. Detectors never write; the engine opens and resolves incidents."""
+
+    settings: Settings
+    clock: Clock
+    fleet: Fleet
+    samples: SampleStore
+    jobs: JobTelemetry
+    catalog: FaultCatalog
+    history: FaultHistory
+    assignments: Callable[[], dict[int, list[Assignment]]]  # node id → tasks placed there
+
+    def node_of(self, uuid: str) -> str | None:
+        for live in self.fleet.all():
+            if uuid in live.accelerators:
+                return live.name
+        return None
+
+    def placement(self, job_id: int, rank: int) -> tuple[str | None, list[str]]:
+        """(node name, accelerator uuids) of a job's rank, from current assignments."""
+        for node_id, tasks in self.assignments().items():
+            for task in tasks:
+                if task.job_id == job_id and task.rank == rank:
+                    live = self.fleet.by_id(node_id)
+                    return (live.name if live else None), list(task.accelerators)
+        return None, []
+
+
+class Detector:
+    """Base class. Subclasses set `name`, and override `on_report`, `evaluate`, or both."""
+
+    name: ClassVar[str] = ""
+    periodic: ClassVar[bool] = False  # True: the engine calls evaluate() on its schedule
+    every: ClassVar[float] = 0.0  # at most this often (seconds; `every` option overrides); 0: every round
+
+    def __init__(self, settings: Settings):
+        self.settings = settings
+        self.active: set[str] = set()  # fingerprints that held at the last evaluation
+
+    @property
+    def cadence(self) -> float:
+        return self.option("every", self.every)
+
+    def option(self, key: str, default: float) -> float:
+        """A tunable from `detector_options[<name>][<key>]` in the settings, else the default."""
+        return float(self.settings.detector_options.get(self.name, {}).get(key, default))
+
+    def on_report(self, ctx: DetectionContext, live: NodeLive, report: NodeReport,
+                  exits: list[ClosedTask]) -> list[Finding]:
+        return []
+
+    def evaluate(self, ctx: DetectionContext, now: float) -> Evaluation:
+        return Evaluation([], 0)
+
+    def fleet_wide(self, findings: list[Finding], subjects: int) -> Finding:
+        """One finding in place of many: when a share of the fleet trips at once, a shared cause
+        (network, storage, scheduler, a deploy) is likelier than many independent faults."""
+        worst = max(findings, key=lambda f: SEVERITY_ORDER.get(f.severity, 0))
+        layers = [f.layer for f in findings]
+        layer = max(set(layers), key=layers.count)
+        subjects_seen = [f.subject.describe() for f in findings[:50]]
+        return Finding(
+            detector=self.name, key="fleet-wide", severity=worst.severity,
+            title=f"{self.name}: {len(findings)} of {subjects} subjects at once",
+            layer=layer, subject=Subject(),
+            seen=f"{len(findings)} of {subjects} subjects tripped {self.name} in the same evaluation, e.g. "
+                 f"{worst.title}",
+            comparison=f"{len(findings) / max(1, subjects):.0%} of what this detector watches; independent faults "
+                       "rarely line up like this",
+            evidence={"subjects": subjects_seen, "example": worst.evidence},
+            next_steps=["Look for a shared cause before touching single nodes: network fabric, shared storage, "
+                        "the scheduler, a recent deploy or configuration change",
+                        "Individual incidents are not opened while this holds; `sentinel incidents` lists "
+                        "any opened before"],
+            action="page", observed_at=min((f.observed_at for f in findings if f.observed_at is not None),
+                                           default=None))
+
+    def holds(self, ctx: DetectionContext, incident: OpenIncident, now: float) -> bool | None:
+        """Does the condition behind an open incident still hold? None: not for the engine to decide."""
+        if incident.latched:
+            return None
+        if self.periodic:
+            return incident.fingerprint in self.active
+        return None
+
+
+DETECTORS: dict[str, type[Detector]] = {}
+
+
+def register(cls: type[Detector]) -> type[Detector]:
+    if not cls.name:
+        raise ValueError(f"{cls.__name__} has no name")
+    DETECTORS[cls.name] = cls
+    return cls

@@ -1,0 +1,121 @@
+"""The fault catalog: hardware events → severity, action, layer and what to check next.
+
+The table is data (`fault_catalog.toml` next to this module, or the file named by
+`fault_catalog_file`); loading validates every entry so a typo fails at start, not at 3 a.m.
+"""
+
+from __future__ import annotations
+
+import tomllib
+from dataclasses import dataclass
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+from sentinel.telemetry.schemas import EVENT_KINDS, HardwareEvent
+
+SEVERITIES = ("info", "warning", "critical")
+ACTIONS = ("record", "restart_task", "reset_accelerator", "restart_node")
+LAYERS = ("hardware", "interconnect", "compute", "input_pipeline", "checkpoint_io", "software")
+
+
+class CatalogError(ValueError):
+    pass
+
+
+@dataclass(frozen=True)
+class CatalogEntry:
+    title: str
+    severity: str
+    action: str
+    layer: str
+    explanation: str = ""
+    next_steps: tuple[str, ...] = ()
+
+    @property
+    def opens_incident(self) -> bool:
+        """Informational records are kept as events; everything else becomes an incident."""
+        return not (self.severity == "info" and self.action == "record")
+
+    def steps(self, **values: Any) -> list[str]:
+        return [_fill(step, values) for step in self.next_steps]
+
+    def headline(self, **values: Any) -> str:
+        return _fill(self.title, values)
+
+
+def _fill(template: str, values: dict[str, Any]) -> str:
+    out = template
+    for key, value in values.items():
+        out = out.replace("{" + key + "}", str(value))
+    return out
+
+
+def _entry(where: str, raw: dict[str, Any]) -> CatalogEntry:
+    known = {"title", "severity", "action", "layer", "explanation", "next_steps", "codes"}
+    unknown = set(raw) - known
+    if unknown:
+        raise CatalogError(f"{where}: unknown field(s) {', '.join(sorted(unknown))}")
+    for name, allowed in (("severity", SEVERITIES), ("action", ACTIONS), ("layer", LAYERS)):
+        if raw.get(name) not in allowed:
+            raise CatalogError(f"{where}: {name} must be one of {', '.join(allowed)}, not {raw.get(name)!r}")
+    if not isinstance(raw.get("title"), str) or not raw["title"]:
+        raise CatalogError(f"{where}: needs a title")
+    steps = raw.get("next_steps", [])
+    if not isinstance(steps, list) or not all(isinstance(s, str) for s in steps):
+        raise CatalogError(f"{where}: next_steps must be a list of strings")
+    return CatalogEntry(title=raw["title"], severity=raw["severity"], action=raw["action"], layer=raw["layer"],
+                        explanation=str(raw.get("explanation", "")), next_steps=tuple(steps))
+
+
+@dataclass(frozen=True)
+class FaultCatalog:
+    xids: dict[int, CatalogEntry]
+    default_xid: CatalogEntry
+    events: dict[str, CatalogEntry]
+
+    @classmethod
+    def load(cls, path: str | Path | None = None) -> FaultCatalog:
+        if path is None:
+            text = resources.files("sentinel.detection").joinpath("fault_catalog.toml").read_text()
+            where = "built-in fault catalog"
+        else:
+            text, where = Path(path).read_text(), str(path)
+        try:
+            data = tomllib.loads(text)
+        except tomllib.TOMLDecodeError as exc:
+            raise CatalogError(f"{where}: not valid TOML: {exc}") from exc
+        return cls.parse(data, where)
+
+    @classmethod
+    def parse(cls, data: dict[str, Any], where: str = "fault catalog") -> FaultCatalog:
+        xids: dict[int, CatalogEntry] = {}
+        for i, raw in enumerate(data.get("xid", [])):
+            entry = _entry(f"{where}: xid entry {i + 1}", raw)
+            codes = raw.get("codes")
+            if not isinstance(codes, list) or not codes or not all(isinstance(c, int) for c in codes):
+                raise CatalogError(f"{where}: xid entry {i + 1} needs codes = [integers]")
+            for code in codes:
+                if code in xids:
+                    raise CatalogError(f"{where}: XID {code} is listed twice")
+                xids[code] = entry
+        if "default_xid" not in data:
+            raise CatalogError(f"{where}: needs a [default_xid] table")
+        default = _entry(f"{where}: default_xid", data["default_xid"])
+        events: dict[str, CatalogEntry] = {}
+        for kind, raw in data.get("event", {}).items():
+            if kind not in EVENT_KINDS or kind == "xid":
+                raise CatalogError(f"{where}: [event.{kind}] is not an event kind; one of "
+                                   f"{', '.join(k for k in EVENT_KINDS if k != 'xid')}")
+            events[kind] = _entry(f"{where}: event.{kind}", raw)
+        missing = [k for k in EVENT_KINDS if k != "xid" and k not in events]
+        if missing:
+            raise CatalogError(f"{where}: no entry for event kind(s) {', '.join(missing)}")
+        return cls(xids=xids, default_xid=default, events=events)
+
+    def lookup(self, event: HardwareEvent) -> CatalogEntry:
+        if event.kind == "xid":
+            if event.xid is None:
+                return self.default_xid
+            return self.xids.get(event.xid, self.default_xid)
+        return self.events[event.kind]

@@ -1,0 +1,78 @@
+"""Task exits with a non-zero code or a signal, handled as they arrive. One incident per job: when a
+collective breaks, every rank exits within a second, and that is one failure, not world-size pages."""
+
+from __future__ import annotations
+
+from sentinel.detection.base import DetectionContext, Detector, Finding, OpenIncident, Subject, register
+from sentinel.jobs.service import describe_exit
+from sentinel.nodes.live import NodeLive
+from sentinel.telemetry.ingest import ClosedTask
+from sentinel.telemetry.schemas import NodeReport
+
+CORRELATE_SECONDS = 120.0  # a hardware fault on the node this recently is the likelier cause
+
+
+@register
+class TaskExit(Detector):
+    name = "task_exit"
+
+    def on_report(self, ctx: DetectionContext, live: NodeLive, report: NodeReport,
+                  exits: list[ClosedTask]) -> list[Finding]:
+        findings = []
+        failed = [c for c in exits if c.failure_reason]
+        by_pid = {e.pid: e for e in report.task_exits}
+        exceptions = {t.pid: t.failure for t in report.tasks if t.failure is not None}
+        for closed in failed:
+            ended = by_pid.get(closed.pid)
+            observed = ended.observed_at if ended else ctx.clock.time()
+            failure = exceptions.get(closed.pid)
+            _, sentence = describe_exit(ended.exit_code if ended else None, ended.signal if ended else None,
+                                        failure.type if failure else None)
+            faults = [f for f in ctx.history.recent(observed, window_seconds=CORRELATE_SECONDS, node=live.name)
+                      if f.severity != "info"]
+            stats = ctx.jobs.job(closed.job_id)
+            total_failures = sum(stats.failures.values())
+            peers = sorted(r for r in stats.ranks if r != closed.rank)
+            nodes = ", ".join(sorted({r.node for r in stats.ranks.values() if r.node})) or "unknown nodes"
+            if faults:
+                layer = "hardware"
+                cause = ("It followed " + ", ".join(
+                    f"{f.kind}{' ' + str(f.xid) if f.xid is not None else ''} on {f.accelerator or f.node}"
+                    f" {observed - f.at:.1f}s earlier" for f in faults[-3:]) + ": the hardware is the likely cause.")
+            elif ended is not None and ended.signal == 9:
+                layer, cause = "software", "SIGKILL without a hardware fault: the kernel OOM killer or an operator."
+            elif failure is not None:
+                layer, cause = "software", f"The SDK saw an uncaught {failure.type}: {failure.message[:300]}"
+            else:
+                layer, cause = "software", "No hardware fault was reported on the node around that time."
+            findings.append(Finding(
+                detector=self.name, key=f"job={closed.job_id}", severity="warning",
+                title=f"job {closed.job_id} rank {closed.rank} {sentence} on {live.name}", layer=layer,
+                subject=Subject(node=live.name, job_id=closed.job_id, rank=closed.rank),
+                seen=f"Rank {closed.rank} of job {closed.job_id} (pid {closed.pid}) on node {live.name} {sentence}. "
+                     + cause,
+                comparison=(f"The job's failure #{total_failures} since Sentinel has watched it; "
+                            f"peer ranks {', '.join(map(str, peers[:16])) or 'none'} were running on "
+                            f"{nodes}."),
+                evidence={"exit": {"pid": closed.pid, "reason": closed.failure_reason,
+                                   "exit_code": ended.exit_code if ended else None,
+                                   "signal": ended.signal if ended else None, "observed_at": observed},
+                          "exception": failure.model_dump() if failure else None,
+                          "recent_faults": [{"kind": f.kind, "xid": f.xid, "accelerator": f.accelerator, "at": f.at}
+                                            for f in faults[-10:]],
+                          "failures_by_reason": dict(stats.failures)},
+                next_steps=[f"The rank's log on {live.name} around the exit (pid {closed.pid})",
+                            "If the node had a hardware fault, see that incident; otherwise `dmesg -T | grep -i -e "
+                            "oom -e killed` for the OOM killer",
+                            f"`sentinel jobs` and `GET /api/v1/jobs/{closed.job_id}` for its ranks and restarts"],
+                action="restart_task", observed_at=observed))
+        return findings
+
+    def holds(self, ctx: DetectionContext, incident: OpenIncident, now: float) -> bool | None:
+        """Clears once the job steps again after the incident opened (it was restarted or recovered)."""
+        if incident.job_id is None:
+            return None
+        stats = ctx.jobs.job(incident.job_id)
+        stepping = any(r.last_progress_at is not None and r.last_progress_at > incident.opened_at and not r.ended
+                       for r in stats.ranks.values())
+        return not stepping

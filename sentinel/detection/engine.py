@@ -1,0 +1,182 @@
+"""Runs the detectors and hands what they find to the incident lifecycle.
+
+Fatal events and task exits: the ingest listener runs the event detectors (in memory, cheap) and
+queues their findings for one worker thread, which opens incidents and rings the notifier — the
+request that carried the event is not held up by that transaction. Statistical detectors run on
+APScheduler. Auto-resolution: a non-latched incident whose detector says its condition no longer
+holds is resolved once it has stayed clear for `resolve_after_seconds` (hysteresis).
+"""
+
+from __future__ import annotations
+
+import importlib
+import logging
+import math
+import pkgutil
+import queue
+import threading
+from importlib.metadata import entry_points
+
+from sentinel.config import Settings
+from sentinel.detection import detectors as builtin
+from sentinel.detection.base import DETECTORS, DetectionContext, Detector, Evaluation, Finding
+from sentinel.detection.history import Fault
+from sentinel.incidents.lifecycle import Incidents
+from sentinel.nodes.live import NodeLive
+from sentinel.telemetry.ingest import ClosedTask
+from sentinel.telemetry.schemas import NodeReport
+
+log = logging.getLogger("sentinel.detection")
+
+
+def load_detectors(settings: Settings) -> list[Detector]:
+    """Built-ins, then plugins from the `sentinel.detectors` entry-point group; minus the disabled."""
+    for info in pkgutil.iter_modules(builtin.__path__):
+        importlib.import_module(f"{builtin.__name__}.{info.name}")
+    for ep in entry_points(group="sentinel.detectors"):
+        try:
+            ep.load()
+        except Exception:
+            log.exception("detector plugin failed to load: entry_point=%s", ep.name)
+    unknown = set(settings.disabled_detectors) - set(DETECTORS)
+    if unknown:
+        raise ValueError(f"disabled_detectors names unknown detector(s) {', '.join(sorted(unknown))}; "
+                         f"known: {', '.join(sorted(DETECTORS))}")
+    return [cls(settings) for name, cls in sorted(DETECTORS.items()) if name not in settings.disabled_detectors]
+
+
+class DetectionEngine:
+    def __init__(self, ctx: DetectionContext, detectors: list[Detector], incidents: Incidents,
+                 errors: dict[str, int] | None = None):
+        self.ctx = ctx
+        self.detectors = {d.name: d for d in detectors}
+        self.incidents = incidents
+        self.errors = errors if errors is not None else {}
+        self._clear_since: dict[str, float] = {}
+        self._last_run: dict[str, float] = {}
+        self._queue: queue.SimpleQueue[list[Finding] | threading.Event | None] = queue.SimpleQueue()
+        self._worker: threading.Thread | None = None
+        self._eval_lock = threading.Lock()
+
+    # -- event-driven ---------------------------------------------------------------------------------
+    def on_report(self, live: NodeLive, report: NodeReport, exits: list[ClosedTask]) -> None:
+        """Ingest listener (runs on the event loop): remember faults, run event detectors, queue findings."""
+        for event in report.events:
+            entry = self.ctx.catalog.lookup(event)
+            if entry.severity != "info":
+                self.ctx.history.add(Fault(event.observed_at, live.name, event.accelerator_uuid, event.kind,
+                                           event.xid, entry.severity))
+        if not report.events and not exits:
+            return
+        findings: list[Finding] = []
+        for detector in self.detectors.values():
+            try:
+                findings.extend(detector.on_report(self.ctx, live, report, exits))
+            except Exception:
+                self._failed(detector.name)
+        if findings:
+            self._queue.put(findings)
+
+    def start(self) -> None:
+        self._worker = threading.Thread(target=self._work, name="sentinel-incidents", daemon=True)
+        self._worker.start()
+
+    def stop(self) -> None:
+        if self._worker is not None:
+            self._queue.put(None)
+            self._worker.join(timeout=10)
+            self._worker = None
+
+    def _work(self) -> None:
+        while True:
+            findings = self._queue.get()
+            if findings is None:
+                return
+            if isinstance(findings, threading.Event):
+                findings.set()
+                continue
+            try:
+                self.incidents.record(findings, repeat=True)
+            except Exception:
+                # the events behind them are stored; log loudly, the next occurrence tries again
+                self._failed("incident_writer")
+
+    def drain(self, timeout: float = 5.0) -> bool:
+        """Wait until the findings queued so far are written (tests, shutdown)."""
+        marker = threading.Event()
+        self._queue.put(marker)
+        return marker.wait(timeout)
+
+    # -- periodic -------------------------------------------------------------------------------------
+    def evaluate(self, only: str | None = None) -> list[Finding]:
+        """Run the periodic detectors (or one of them), record what holds, resolve what cleared."""
+        with self._eval_lock:
+            now = self.ctx.clock.time()
+            recorded: list[Finding] = []
+            for detector in self.detectors.values():
+                if not detector.periodic or (only is not None and detector.name != only):
+                    continue
+                if only is None and now - self._last_run.get(detector.name, float("-inf")) < detector.cadence:
+                    continue
+                self._last_run[detector.name] = now
+                try:
+                    evaluation = detector.evaluate(self.ctx, now)
+                except Exception:
+                    self._failed(detector.name)
+                    continue
+                findings = self._collapse(detector, evaluation)
+                try:
+                    self.incidents.record(findings, repeat=False)
+                except Exception:
+                    self._failed("incident_writer")
+                recorded.extend(findings)
+            if only is None:
+                self.resolve_cleared(now)
+            return recorded
+
+    def _collapse(self, detector: Detector, evaluation: Evaluation) -> list[Finding]:
+        """Many subjects at once → one fleet-wide finding (individual incidents already open are kept)."""
+        findings = evaluation.findings
+        settings = self.ctx.settings
+        detector.active = {f.fingerprint for f in findings}
+        limit = max(settings.fleet_wide_min_findings, math.ceil(settings.fleet_wide_share * evaluation.subjects))
+        if len(findings) < limit:
+            return findings
+        wide = detector.fleet_wide(findings, evaluation.subjects)
+        detector.active.add(wide.fingerprint)
+        if not self.incidents.is_open(wide.fingerprint):
+            log.warning("fleet-wide: detector=%s findings=%d subjects=%d: one incident instead of many",
+                        detector.name, len(findings), evaluation.subjects)
+        return [wide, *(f for f in findings if self.incidents.is_open(f.fingerprint))]
+
+    def resolve_cleared(self, now: float) -> int:
+        resolved = 0
+        hysteresis = self.ctx.settings.resolve_after_seconds
+        for incident in self.incidents.active():
+            detector = self.detectors.get(incident.detector)
+            if detector is None:
+                continue
+            try:
+                holds = detector.holds(self.ctx, incident, now)
+            except Exception:
+                self._failed(detector.name)
+                continue
+            if holds is None:
+                continue
+            if holds:
+                self._clear_since.pop(incident.fingerprint, None)
+                continue
+            since = self._clear_since.setdefault(incident.fingerprint, now)
+            if now - since >= hysteresis:
+                try:
+                    self.incidents.resolve(incident.id, actor="sentinel",
+                                           reason=f"condition clear for {now - since:.0f}s (auto-resolved)")
+                    resolved += 1
+                except Exception:
+                    self._failed("incident_writer")
+                self._clear_since.pop(incident.fingerprint, None)
+        return resolved
+
+    def _failed(self, name: str) -> None:
+        self.errors[f"detector:{name}"] = self.errors.get(f"detector:{name}", 0) + 1
+        log.exception("detector failed: detector=%s", name)

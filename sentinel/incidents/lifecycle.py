@@ -1,0 +1,181 @@
+"""The incident lifecycle for one server: open from findings, acknowledge, resolve — each in one
+transaction with the notifications it owes (the outbox), then the in-memory view and metrics.
+
+Writes are serialised by one lock: detectors on the scheduler, the fatal-event worker and the API
+may all touch the same fingerprint, and dedup must hold across them.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable, Sequence
+from datetime import datetime
+
+from prometheus_client import Histogram
+from sqlalchemy.orm import Session, sessionmaker
+
+from sentinel.alerting.models import Notification
+from sentinel.clock import Clock, to_datetime
+from sentinel.config import Settings
+from sentinel.db import transaction
+from sentinel.detection.base import Finding, OpenIncident, Subject
+from sentinel.incidents import service
+from sentinel.incidents.models import Incident
+from sentinel.incidents.schemas import IncidentOut
+
+log = logging.getLogger("sentinel.incidents")
+
+ACTION_TEXT = {
+    "record": "",
+    "restart_task": "restart the task",
+    "reset_accelerator": "take the accelerator out of service, reset it and restart its tasks elsewhere",
+    "restart_node": "take the node out of service and restart its tasks elsewhere",
+    "quarantine": "take the accelerator out of service for diagnostics (a lemon)",
+    "page": "page a person; act on nothing automatically",
+}
+LATENCY_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0)
+
+
+def _view(incident: Incident) -> OpenIncident:
+    return OpenIncident(id=incident.id, fingerprint=incident.fingerprint, detector=incident.detector,
+                        latched=incident.latched,
+                        subject=Subject(node=incident.node, accelerator=incident.accelerator_uuid,
+                                        job_id=incident.job_id, rank=incident.rank),
+                        opened_at=incident.opened_at.timestamp())
+
+
+class Incidents:
+    def __init__(self, factory: sessionmaker[Session], settings: Settings, clock: Clock,
+                 enqueued: Callable[[list[Notification]], None] = lambda rows: None):
+        self._factory = factory
+        self._settings = settings
+        self._clock = clock
+        self.enqueued = enqueued  # the notification dispatcher's doorbell, rung after each commit
+        self._lock = threading.RLock()
+        self._open: dict[str, OpenIncident] = {}
+        self._severity: dict[str, str] = {}
+        self.latency = Histogram("sentinel_detection_latency_seconds",
+                                 "From the agent observing a condition to its incident being open",
+                                 labelnames=["detector"], buckets=LATENCY_BUCKETS, registry=None)
+        self.listeners: list[Callable[[IncidentOut, str], None]] = []  # (incident, "opened"|"resolved"|…)
+
+    def load(self, session: Session) -> None:
+        with self._lock:
+            self._open.clear()
+            for incident in service.active_incidents(session):
+                self._open[incident.fingerprint] = _view(incident)
+                self._severity[incident.fingerprint] = incident.severity
+
+    def active(self) -> list[OpenIncident]:
+        with self._lock:
+            return list(self._open.values())
+
+    def is_open(self, fingerprint: str) -> bool:
+        with self._lock:
+            return fingerprint in self._open
+
+    def open_counts(self) -> dict[str, int]:
+        counts = {"info": 0, "warning": 0, "critical": 0}
+        with self._lock:
+            for severity in self._severity.values():
+                counts[severity] = counts.get(severity, 0) + 1
+        return counts
+
+    def record(self, findings: list[Finding], *, repeat: bool) -> list[IncidentOut]:
+        """Open an incident for each new fingerprint, refresh the active ones. Returns those opened."""
+        from sentinel.alerting.service import notify
+
+        if not findings:
+            return []
+        opened: list[IncidentOut] = []
+        rows: list[Notification] = []
+        with self._lock:
+            now = to_datetime(self._clock.time())
+            with transaction(self._factory) as session:
+                kept: list[Incident] = []  # held here: the session's identity map only keeps weak references
+                for finding in findings:
+                    known = self._open.get(finding.fingerprint)
+                    incident = session.get(Incident, known.id) if known else None
+                    if incident is None or incident.state == "resolved":
+                        incident = service.find_active(session, finding.fingerprint)
+                    if incident is not None:
+                        kept.append(incident)
+                        if service.update_incident(session, incident, finding, now, repeat=repeat):
+                            rows += notify(session, incident, "trigger", self._settings, now)
+                        continue
+                    incident = service.open_incident(session, finding, now)
+                    kept.append(incident)
+                    recommended = ACTION_TEXT.get(finding.action, finding.action)
+                    if recommended:
+                        service.add_action(incident, now, f"recommended: {recommended} (automatic remediation is "
+                                                          "not enabled on this server; nothing was changed)")
+                    sent = notify(session, incident, "trigger", self._settings, now)
+                    self._note_notifications(incident, sent, now)
+                    rows += sent
+                    opened.append(IncidentOut.model_validate(incident))
+                views = [(_view(i), i.severity) for i in kept]
+            for view, severity in views:
+                self._open[view.fingerprint] = view
+                self._severity[view.fingerprint] = severity
+        for out in opened:
+            latency = out.detection_latency_seconds
+            if latency is not None:
+                self.latency.labels(out.detector).observe(latency)
+            log.warning("incident opened: id=%d severity=%s detector=%s fingerprint=%s latency=%s %s", out.id,
+                        out.severity, out.detector, out.fingerprint,
+                        f"{latency:.3f}s" if latency is not None else "-", out.title)
+            self._tell(out, "opened")
+        if rows:
+            self.enqueued(rows)
+        return opened
+
+    @staticmethod
+    def _note_notifications(incident: Incident, notifications: Sequence[object], now: datetime) -> None:
+        names = []
+        for n in notifications:
+            state = getattr(n, "state", "pending")
+            name = getattr(n, "receiver", "?")
+            names.append(f"{name} (muted by silence #{getattr(n, 'silence_id', '?')})" if state == "silenced"
+                         else name)
+        if names:
+            service.add_action(incident, now, "notifying " + ", ".join(names))
+
+    def acknowledge(self, incident_id: int, *, actor: str, note: str = "") -> IncidentOut:
+        out = self._transition(incident_id, "acknowledge", lambda session, now: service.acknowledge(
+            session, incident_id, actor=actor, note=note, now=now))
+        log.info("incident acknowledged: id=%d by=%s fingerprint=%s", out.id, actor, out.fingerprint)
+        self._tell(out, "acknowledged")
+        return out
+
+    def resolve(self, incident_id: int, *, actor: str, reason: str = "") -> IncidentOut:
+        out = self._transition(incident_id, "resolve", lambda session, now: service.resolve(
+            session, incident_id, actor=actor, reason=reason, now=now))
+        log.info("incident resolved: id=%d by=%s fingerprint=%s %s", out.id, actor, out.fingerprint, reason)
+        self._tell(out, "resolved")
+        return out
+
+    def _transition(self, incident_id: int, event: str,
+                    change: Callable[[Session, datetime], Incident]) -> IncidentOut:
+        """Apply `change` and owe the receivers `event` when it changed the state; a no-op change owes nothing."""
+        from sentinel.alerting.service import notify
+
+        with self._lock:
+            now = to_datetime(self._clock.time())
+            with transaction(self._factory) as session:
+                before = service.get_incident(session, incident_id).state
+                incident = change(session, now)
+                rows = notify(session, incident, event, self._settings, now) if incident.state != before else []
+                out = IncidentOut.model_validate(incident)
+            if out.state == "resolved" and getattr(self._open.get(out.fingerprint), "id", None) == out.id:
+                del self._open[out.fingerprint]
+                self._severity.pop(out.fingerprint, None)
+        self.enqueued(rows)
+        return out
+
+    def _tell(self, incident: IncidentOut, what: str) -> None:
+        for listener in self.listeners:
+            try:
+                listener(incident, what)
+            except Exception:
+                log.exception("incident listener failed: id=%d", incident.id)
