@@ -10,7 +10,25 @@ from array import array
 
 from sentinel.telemetry.schemas import AcceleratorSample
 
-WINDOW_FIELDS = ("time", "utilization_ratio", "memory_used_bytes", "power_watts", "temperature_celsius")
+WINDOW_FIELDS = ("time", "utilization_ratio", "memory_used_bytes", "power_watts", "temperature_celsius",
+                 "throttled")
+
+# NVML clock-event reasons that slow an accelerator down against its will; the `throttled` column holds
+# their bit flags (0: not throttled). sync_boost and idle are not complaints.
+THROTTLE_THERMAL = 1.0
+THROTTLE_POWER = 2.0
+THERMAL_REASONS = frozenset({"hw_thermal_slowdown", "sw_thermal_slowdown", "hw_slowdown"})
+POWER_REASONS = frozenset({"sw_power_cap", "hw_power_brake_slowdown"})
+
+
+def throttle_flags(reasons: list[str]) -> float:
+    """Bit flags of a sample's throttle reasons: THROTTLE_THERMAL | THROTTLE_POWER, or 0."""
+    flags = 0
+    if any(r in THERMAL_REASONS for r in reasons):
+        flags |= int(THROTTLE_THERMAL)
+    if any(r in POWER_REASONS for r in reasons):
+        flags |= int(THROTTLE_POWER)
+    return float(flags)
 
 
 class RingWindow:
@@ -29,6 +47,7 @@ class RingWindow:
         cols["power_watts"][i] = sample.power_watts if sample.power_watts is not None else float("nan")
         temp = sample.temperature_celsius
         cols["temperature_celsius"][i] = temp if temp is not None else float("nan")
+        cols["throttled"][i] = throttle_flags(sample.throttle_reasons)
         self._next = (i + 1) % self.size
         self.count = min(self.count + 1, self.size)
 
@@ -38,6 +57,22 @@ class RingWindow:
         if self.count < self.size:
             return list(col[: self.count])
         return list(col[self._next :]) + list(col[: self._next])
+
+    def at(self, name: str, i: int) -> float:
+        """One value in O(1): i = 0 is the oldest, -1 the newest. The window must not be empty."""
+        if not -self.count <= i < self.count:
+            raise IndexError(i)
+        oldest = self._next - self.count
+        return self._columns[name][(oldest + i) % self.size if i >= 0 else (self._next + i) % self.size]
+
+    def tail(self, name: str, n: int) -> list[float]:
+        """The newest `n` values (fewer while the window fills), oldest first; O(n), not O(window)."""
+        n = max(0, min(n, self.count))
+        col = self._columns[name]
+        start = (self._next - n) % self.size
+        if start + n <= self.size:
+            return list(col[start : start + n])
+        return list(col[start:]) + list(col[: start + n - self.size])
 
 
 class SampleStore:
@@ -63,3 +98,22 @@ class SampleStore:
     def window(self, uuid: str) -> RingWindow | None:
         with self._lock:
             return self._windows.get(uuid)
+
+    @property
+    def window_samples(self) -> int:
+        return self._window_samples
+
+    def uuids(self) -> list[str]:
+        """Every accelerator with a window, for detectors that walk the fleet."""
+        with self._lock:
+            return list(self._windows)
+
+    def tail(self, uuid: str, names: tuple[str, ...], n: int | None = None) -> dict[str, list[float]] | None:
+        """The newest `n` values (default: the whole window) of some columns, read together under the
+        lock so they line up; None for an accelerator never seen."""
+        with self._lock:
+            window = self._windows.get(uuid)
+            if window is None:
+                return None
+            size = window.count if n is None else n
+            return {name: window.tail(name, size) for name in names}
