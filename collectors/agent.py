@@ -78,6 +78,7 @@ class Agent:
         self._stop = threading.Event()
         self._lock = threading.Lock()
         self._http: ThreadingHTTPServer | None = None
+        self.url = ""  # where the SDK of tasks on this node reports, once serving (a label the server keeps)
         self.commands_applied = 0
 
     def _start_sources(self, specs: list[str]) -> list[Collector]:
@@ -97,7 +98,8 @@ class Agent:
         return NodeRegistration(
             name=self.config.node, hostname=socket.gethostname(), interval_seconds=self.config.interval_seconds,
             agent_version=__version__, sources=[s.name for s in self.sources],
-            accelerators=[info for s in self.sources for info in s.accelerators()])
+            accelerators=[info for s in self.sources for info in s.accelerators()],
+            labels={"agent_url": self.url} if self.url else {})
 
     # -- collecting and reporting ------------------------------------------------------------
 
@@ -257,7 +259,9 @@ class Agent:
         self._http = ThreadingHTTPServer((self.config.listen_host, self.config.listen_port), Handler)
         self._http.daemon_threads = True
         threading.Thread(target=self._http.serve_forever, name="sentinel-agent-http", daemon=True).start()
-        return int(self._http.server_address[1])
+        port = int(self._http.server_address[1])
+        self.url = f"http://{self.config.listen_host}:{port}"
+        return port
 
     # -- lifecycle -----------------------------------------------------------------------------
 

@@ -36,6 +36,7 @@ class _TaskSums:
     pid: int
     steps: int = 0
     last_step: int | None = None
+    first_step_at: float | None = None
     step_seconds: list[float] = field(default_factory=list)
     tokens: int = 0
     busy_seconds: float = 0.0
@@ -66,7 +67,9 @@ class TaskRelay:
             t = self._tasks.get(key)
             if t is None:
                 t = self._tasks[key] = _TaskSums(batch.job_id, batch.rank, batch.attempt, batch.pid)
-            for index, _started, duration, tokens, coll, exposed in batch.steps:
+            for index, started, duration, tokens, coll, exposed in batch.steps:
+                if t.first_step_at is None:
+                    t.first_step_at = started + duration
                 t.steps += 1
                 t.last_step = index
                 t.busy_seconds += duration
@@ -103,6 +106,7 @@ class TaskRelay:
         for t in tasks.values():
             out.append(TaskTelemetry(
                 job_id=t.job_id, rank=t.rank, attempt=t.attempt, pid=t.pid, steps=t.steps, last_step=t.last_step,
+                first_step_at=t.first_step_at,
                 step_seconds=t.step_seconds, tokens=t.tokens, busy_seconds=t.busy_seconds,
                 collective_seconds=t.collective_seconds, exposed_collective_seconds=t.exposed_seconds,
                 collectives={op: CollectiveTotals(count=int(c), seconds=s, bytes=int(b))

@@ -8,8 +8,10 @@ throttling, the device going missing). Everything it reports says `sim` in its u
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
+import signal
 import threading
 import time
 from collections.abc import Callable
@@ -117,6 +119,8 @@ class SimCollector(Collector):
         self._peaks = [0] * count
         self._emit: EmitEvent | None = None
         self._lock = threading.Lock()
+        self._placed: dict[str, list[int]] = {}  # uuid → pids of the tasks placed on it, from the last collect
+        self._stopped: dict[int, list[int]] = {}  # accelerator index → pids a hang drill stopped
         peak = peak_flops if peak_flops is not None else cpu_core_peak_flops()
         self._infos = [AcceleratorInfo(uuid=f"SIM-{node}-{i}", index=i, model=SIM_MODEL,
                                        memory_total_bytes=SIM_MEMORY_BYTES, source="sim", simulated=True,
@@ -140,6 +144,7 @@ class SimCollector(Collector):
             for uuid in task.accelerators:
                 if task.pid:
                     load.setdefault(uuid, []).append(task.pid)
+        self._placed = load
         samples = []
         with self._lock:
             for info, faults in zip(self._infos, self._faults, strict=True):
@@ -195,6 +200,7 @@ class SimCollector(Collector):
                                       message="thermal slowdown at 95 C (simulated)", observed_at=now)
             elif fault == "hang":
                 faults.hang = True
+                self._stopped[index] = self._signal_tasks(uuid, signal.SIGSTOP)
             elif fault == "slow":
                 faults.slow_factor = max(1.0, float(argument or 2.0))
             elif fault == "offline":
@@ -203,12 +209,27 @@ class SimCollector(Collector):
                                       message="accelerator fell off the bus (simulated)", observed_at=now)
             else:
                 self._faults[index] = SimFaults()
+                for pid in self._stopped.pop(index, []):
+                    with contextlib.suppress(OSError):
+                        os.kill(pid, signal.SIGCONT)
                 event = HardwareEvent(kind="clear", accelerator_uuid=uuid, message="simulated faults cleared",
                                       observed_at=now)
         log.warning("sim fault injected: node=%s accelerator=%d uuid=%s fault=%s argument=%s", self._node, index,
                     uuid, fault, argument)
         if event is not None and self._emit is not None:
             self._emit(event)
+
+    def _signal_tasks(self, uuid: str, sig: int) -> list[int]:
+        """A hung accelerator hangs its tasks: they stay alive but stop making progress (SIGSTOP), as a
+        process blocked in a kernel that never returns would. `clear` lets them go on (SIGCONT)."""
+        done = []
+        for pid in self._placed.get(uuid, []):
+            try:
+                os.kill(pid, sig)
+                done.append(pid)
+            except OSError as exc:
+                log.warning("sim hang: cannot signal task: pid=%d error=%s", pid, exc)
+        return done
 
     def faults(self, index: int) -> SimFaults:
         with self._lock:

@@ -26,6 +26,7 @@ from sentinel.jobs.api import router as jobs_router
 from sentinel.metrics import build_registry
 from sentinel.nodes.api import router as nodes_router
 from sentinel.nodes.liveness import flush_liveness
+from sentinel.remediation.api import router as remediation_router
 from sentinel.runtime import Runtime
 from sentinel.scheduler import build_scheduler
 
@@ -65,7 +66,7 @@ def create_app(settings: Settings, clock: Clock | None = None, *, migrate: bool 
 
     api = APIRouter(prefix="/api/v1")
     for router in (nodes_router, accelerators_router, fleet_router, jobs_router, events_router, tokens_router,
-                   incidents_router, alerting_router):
+                   incidents_router, alerting_router, remediation_router):
         api.include_router(router)
     app.include_router(api)
 

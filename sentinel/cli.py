@@ -158,6 +158,44 @@ def cmd_inject(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_launch(args: argparse.Namespace) -> int:
+    from sentinel.remediation.launcher import Launcher
+
+    argv = list(args.cmd)
+    if argv and argv[0] == "--":
+        argv = argv[1:]
+    launcher = Launcher(_client(args), name=args.job, nproc=args.nproc, argv=argv, kind=args.kind,
+                        nodes=args.node or [], warm=not args.cold, preload=args.preload or ["torch"])
+    return launcher.run()
+
+
+def cmd_health(args: argparse.Namespace) -> int:
+    """quarantine / release an accelerator, cordon / uncordon a node."""
+    client = _client(args)
+    if args.command in ("quarantine", "release"):
+        body: dict[str, Any] = {"reason": args.reason}
+        if args.command == "quarantine":
+            body["move_work"] = not args.keep_work
+        for line in client.post(f"/accelerators/{args.target}/{args.command}", body):
+            print(line)
+    else:
+        node = client.post(f"/nodes/{args.target}/{args.command}", {"reason": args.reason})
+        print(f"node {node['name']} is {node['state']}")
+    return 0
+
+
+def cmd_breaker(args: argparse.Namespace) -> int:
+    client = _client(args)
+    state = client.post("/breaker/reset", {"reason": args.reason}) if args.reset else client.get("/breaker")
+    print(f"circuit breaker: {'OPEN' if state['open'] else 'closed'}"
+          + (f" since {state['opened_at'][:19]}Z — {state['reason']}" if state["open"] else ""))
+    print(f"out of service in the last {state['window_seconds'] / 60:g} min: {state['taken_in_window']} of "
+          f"{state['accelerators']} accelerators (limit {state['limit']:g})")
+    if state["reset_by"]:
+        print(f"last reset by {state['reset_by']} at {(state['reset_at'] or '')[:19]}Z")
+    return 0
+
+
 def cmd_demo(args: argparse.Namespace) -> int:
     from sentinel.demo import run_demo
 
@@ -213,6 +251,35 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(fn=cmd_jobs)
 
     incidents_cli.add_parsers(sub, _remote)
+
+    p = sub.add_parser("launch", help="run a job's ranks here and carry out Sentinel's orders",
+                       usage="sentinel launch --job NAME --nproc N [options] -- python train.py ...")
+    _remote(p)
+    p.add_argument("--job", required=True, help="job name")
+    p.add_argument("--nproc", type=int, required=True, help="ranks (world size)")
+    p.add_argument("--kind", default="training", choices=["training", "serving"])
+    p.add_argument("--node", action="append", help="place only on these nodes (their agents run here)")
+    p.add_argument("--cold", action="store_true", help="no warm standbys: every restart starts fresh processes")
+    p.add_argument("--preload", action="append", help="module standbys import ahead (default torch)")
+    p.add_argument("cmd", nargs=argparse.REMAINDER, help="the command of one rank, after --")
+    p.set_defaults(fn=cmd_launch)
+
+    for name, doc in (("quarantine", "take an accelerator out of service (and move its work)"),
+                      ("release", "put a repaired accelerator back in service"),
+                      ("cordon", "stop new work landing on a node"), ("uncordon", "let a node take work again")):
+        p = sub.add_parser(name, help=doc)
+        _remote(p)
+        p.add_argument("target", help="accelerator uuid" if name in ("quarantine", "release") else "node name")
+        p.add_argument("--reason", default="")
+        if name == "quarantine":
+            p.add_argument("--keep-work", action="store_true", help="do not restart the jobs on it elsewhere")
+        p.set_defaults(fn=cmd_health)
+
+    p = sub.add_parser("breaker", help="the circuit breaker: state, or --reset")
+    _remote(p)
+    p.add_argument("--reset", action="store_true")
+    p.add_argument("--reason", default="")
+    p.set_defaults(fn=cmd_breaker)
 
     p = sub.add_parser("inject", help="fault drill on a simulated accelerator")
     _remote(p)

@@ -36,6 +36,7 @@ def resolve_token(token: str | None, data_dir: Path | None = None) -> str | None
 class SentinelClient:
     def __init__(self, server: str | None = None, token: str | None = None, timeout: float = 15.0):
         self.server = server or os.environ.get("SENTINEL_SERVER") or DEFAULT_SERVER
+        self.token = token
         headers = {"authorization": f"Bearer {token}"} if token else {}
         self._http = httpx.Client(base_url=self.server, headers=headers, timeout=timeout)
 

@@ -51,6 +51,20 @@ class Settings(BaseSettings):
     hang_min_seconds: float = Field(default=5.0, gt=0)
     hang_step_factor: float = Field(default=20.0, gt=1)
     hang_startup_seconds: float = Field(default=600.0, gt=0)
+    # Remediation (DESIGN §4, §6): quarantine, drain, move work. Dry run records what it would do.
+    remediation_enabled: bool = True
+    remediation_dry_run: bool = False
+    executors: list[str] = []  # beyond orders to launchers: "slurm", "kubernetes"
+    executor_options: dict[str, dict[str, Any]] = {}
+    placement_policy: str = "best-fit"
+    max_migrations_per_hour: int = Field(default=3, ge=1)
+    order_ack_seconds: float = Field(default=30.0, gt=0)
+    order_webhook_secret: str = Field(default="", repr=False)
+    breaker_share: float = Field(default=0.10, gt=0, le=1)
+    breaker_min_accelerators: int = Field(default=8, ge=0)
+    breaker_window_seconds: float = Field(default=3600.0, gt=0)
+    breaker_domain_label: str = "rack"
+    breaker_domain_share: float = Field(default=0.5, gt=0, le=1)
     # Alerting: receivers (alertmanager | webhook | slack | pagerduty), each with its own route filter.
     receivers: list[ReceiverConfig] = []
     alert_resend_seconds: float = Field(default=60.0, gt=0)

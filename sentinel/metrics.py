@@ -52,6 +52,13 @@ class FleetCollector(Collector):
         for (receiver, event, result), count in sorted(self._rt.dispatcher.snapshot().items()):
             sent.add_metric([receiver, event, result], count)
         yield sent
+        remediations = CounterMetricFamily("sentinel_remediations", "Automatic actions by action and result",
+                                           labels=["action", "result"])
+        for (action, result), count in sorted(self._rt.remediation.snapshot().items()):
+            remediations.add_metric([action, result], count)
+        yield remediations
+        yield GaugeMetricFamily("sentinel_breaker_open", "1 while the circuit breaker stops automatic actions",
+                                value=1.0 if self._rt.remediation.breaker.open else 0.0)
         errors = CounterMetricFamily("sentinel_plugin_errors", "Failures of scheduled jobs and plugins",
                                      labels=["plugin"])
         for plugin, count in sorted(self._rt.plugin_errors.items()):
@@ -86,6 +93,9 @@ class JobCollector(Collector):
                                        labels=[*labels, "rank"])
         failures = CounterMetricFamily("sentinel_job_task_failures", "Task failures by reason",
                                        labels=[*labels, "reason"])
+        recovered = GaugeMetricFamily("sentinel_job_recovery_seconds",
+                                      "Last recovery: fault observed to the job stepping again", labels=labels)
+        recovery = dict(self._rt.remediation.recovery_seconds)
         try:
             with self._rt.factory() as session:
                 jobs = []
@@ -116,8 +126,10 @@ class JobCollector(Collector):
                     rank_share.add_metric([*lv, str(r.rank)], r.allreduce_time_ratio)
             for reason, count in sorted(m.task_failures.items()):
                 failures.add_metric([*lv, reason], count)
+            if job.id in recovery:
+                recovered.add_metric(lv, recovery[job.id])
         yield from g.values()
-        yield from (step, rank_step, rank_share, failures)
+        yield from (step, rank_step, rank_share, failures, recovered)
 
 
 class ReliabilityCollector(Collector):

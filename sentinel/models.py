@@ -9,7 +9,24 @@ from sentinel.events.models import Event
 from sentinel.incidents.models import Incident
 from sentinel.jobs.models import Job, Task
 from sentinel.nodes.models import Node
+from sentinel.remediation.models import BreakerState, Order, Remediation
 from sentinel.telemetry.models import ReportReceipt
 
-__all__ = ["Accelerator", "ApiToken", "AuditEntry", "Base", "DeliveryAttempt", "Event", "Incident", "Job", "Node",
-           "Notification", "ReportReceipt", "Silence", "Task"]
+__all__ = [
+           "Accelerator",
+           "ApiToken",
+           "AuditEntry",
+           "Base",
+           "BreakerState",
+           "DeliveryAttempt",
+           "Event",
+           "Incident",
+           "Job",
+           "Node",
+           "Notification",
+           "Order",
+           "Remediation",
+           "ReportReceipt",
+           "Silence",
+           "Task",
+]

@@ -28,6 +28,7 @@ from sentinel.jobs.service import assignments_by_node
 from sentinel.jobs.telemetry import JobTelemetry
 from sentinel.nodes.commands import CommandQueue
 from sentinel.nodes.live import Fleet, NodeLive
+from sentinel.remediation.engine import RemediationEngine
 from sentinel.telemetry.ingest import ClosedTask, Ingest
 from sentinel.telemetry.samples import SampleStore
 from sentinel.telemetry.schemas import Assignment, NodeReport
@@ -52,6 +53,7 @@ class Runtime:
     incidents: Incidents
     detection: DetectionEngine
     dispatcher: Dispatcher
+    remediation: RemediationEngine
     assignments: dict[int, list[Assignment]] = field(default_factory=dict)
     assignments_lock: threading.Lock = field(default_factory=threading.Lock)
     plugin_errors: dict[str, int] = field(default_factory=dict)
@@ -75,10 +77,14 @@ class Runtime:
                                assignments=lambda: holder[0].assignments)
         errors: dict[str, int] = {}
         detection = DetectionEngine(ctx, load_detectors(settings), incidents, errors)
+        remediation = RemediationEngine(factory=factory, settings=settings, clock=clock, fleet=fleet, jobs=jobs,
+                                        incidents=incidents)
+        incidents.listeners.append(remediation.on_incident)
+        ctx.restarting = remediation.is_restarting
         runtime = cls(settings=settings, clock=clock, engine=engine, factory=factory, fleet=fleet,
                       samples=samples, ingest=ingest, tokens=TokenCache(factory), commands=CommandQueue(),
                       jobs=jobs, history=history, incidents=incidents, detection=detection, dispatcher=dispatcher,
-                      plugin_errors=errors)
+                      remediation=remediation, plugin_errors=errors)
         holder.append(runtime)
         return runtime
 
@@ -92,10 +98,12 @@ class Runtime:
             self.jobs.load(session)
             self.history.load(session, now=self.clock.time())
             self.incidents.load(session)
+            self.remediation.load(session)
         self.ingest.listeners.append(self._on_report)
         self.ingest.listeners.append(self.detection.on_report)
         self.ingest.writer.start()
         self.detection.start()
+        self.remediation.start()
         self.dispatcher.start()
         self.ready = True
 
@@ -103,6 +111,7 @@ class Runtime:
         self.ready = False
         self.ingest.writer.stop()
         self.detection.stop()
+        self.remediation.stop()
         self.dispatcher.stop()
         self.engine.dispose()
 

@@ -38,6 +38,7 @@ def build_scheduler(runtime: Runtime) -> BackgroundScheduler:
     jobs: list[tuple[str, float, Callable[[], Any]]] = [
         ("liveness", s.liveness_check_seconds, lambda: liveness(runtime)),
         ("detect", s.detection_interval_seconds, runtime.detection.evaluate),
+        ("remediation", 1.0, runtime.remediation.tick),
         ("alert_refresh", s.alert_resend_seconds, lambda: runtime.dispatcher.refresh_alertmanager(runtime.clock_now())),
         ("liveness_flush", s.liveness_flush_seconds, lambda: flush_liveness(runtime.factory, runtime.fleet)),
         ("receipt_prune", 300.0,

@@ -2,15 +2,21 @@
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
+from typing import Any
 
 import httpx
+
+from sentinel.alerting.notifiers.webhook import verify_signature
 
 
 def free_port() -> int:
@@ -85,3 +91,32 @@ def wait_for(predicate, timeout: float = 20.0, interval: float = 0.1, what: str 
             return value
         time.sleep(interval)
     raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+
+
+class Receiver:
+    """A webhook receiver on loopback that checks Sentinel's signature and keeps every page."""
+
+    def __init__(self, secret: str) -> None:
+        self.pages: list[tuple[float, dict[str, Any]]] = []
+        self.bad_signatures = 0
+        outer = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self) -> None:
+                at = time.time()
+                body = self.rfile.read(int(self.headers["Content-Length"]))
+                if not verify_signature(secret, body, self.headers.get("X-Sentinel-Signature", "")):
+                    outer.bad_signatures += 1
+                self.send_response(204)
+                self.end_headers()
+                outer.pages.append((at, json.loads(body)))
+
+            def log_message(self, *_: Any) -> None:
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/hook"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def find(self, event: str, detector: str) -> list[tuple[float, dict[str, Any]]]:
+        return [(at, p) for at, p in list(self.pages) if p["event"] == event and p["incident"]["detector"] == detector]

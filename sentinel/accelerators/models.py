@@ -25,4 +25,6 @@ class Accelerator(Base):
     health: Mapped[str] = mapped_column(String(16), default="healthy")
     health_reason: Mapped[str] = mapped_column(String(512), default="")
     present: Mapped[bool] = mapped_column(Boolean, default=True)
+    health_incident_id: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    health_changed_at: Mapped[datetime | None] = mapped_column(UTCDateTime, nullable=True)
     registered_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)

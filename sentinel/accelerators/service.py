@@ -6,7 +6,10 @@ from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
 from sentinel.accelerators.models import HEALTH_STATES, Accelerator
+from sentinel.audit.service import record
+from sentinel.db import utcnow
 from sentinel.events.models import Event
+from sentinel.events.service import record_event
 from sentinel.nodes.models import Node
 
 
@@ -42,3 +45,34 @@ def fault_rates(session: Session, now: datetime) -> list[tuple[str, int, float]]
                                             .join(Node, Node.id == Accelerator.node_id)):
         days[name] = days.get(name, 0.0) + max(0.0, (now - registered).total_seconds()) / 86400.0
     return [(name, int(faults.get(name, 0)), days.get(name, 0.0)) for name in sorted(set(days) | set(faults))]
+
+
+class AcceleratorNotFound(LookupError):
+    pass
+
+
+def get_accelerator(session: Session, uuid: str) -> Accelerator:
+    acc = session.scalar(select(Accelerator).where(Accelerator.uuid == uuid))
+    if acc is None:
+        raise AcceleratorNotFound(f"accelerator {uuid!r} is not registered")
+    return acc
+
+
+def set_health(session: Session, acc: Accelerator, *, health: str, reason: str, actor: str,
+               incident_id: int | None = None) -> bool:
+    """healthy → suspect → quarantined → healthy, each change with its reason, incident, event and audit
+    entry. Returns False when it already was in that state (the call is idempotent)."""
+    if health not in HEALTH_STATES:
+        raise ValueError(f"health must be one of {', '.join(HEALTH_STATES)}")
+    if acc.health == health:
+        return False
+    previous = acc.health
+    acc.health, acc.health_reason = health, reason[:512]
+    acc.health_incident_id, acc.health_changed_at = incident_id, utcnow()
+    record(session, actor=actor, action=f"accelerator.{health}", subject=f"accelerator/{acc.uuid}", reason=reason,
+           detail={"from": previous, "to": health, "incident": incident_id})
+    record_event(session, kind=f"accelerator_{health}", severity="warning" if health != "healthy" else "info",
+                 node_id=acc.node_id, accelerator_uuid=acc.uuid,
+                 message=f"accelerator {acc.uuid} {previous} → {health} by {actor}: {reason}",
+                 data={"from": previous, "to": health, "incident": incident_id})
+    return True

@@ -109,6 +109,8 @@ class DetectionContext:
     catalog: FaultCatalog
     history: FaultHistory
     assignments: Callable[[], dict[int, list[Assignment]]]  # node id → tasks placed there
+    # (job, attempt) → True when Sentinel ordered a newer attempt: that attempt's exits are expected
+    restarting: Callable[[int, int], bool] = lambda job_id, attempt: False
 
     def node_of(self, uuid: str) -> str | None:
         for live in self.fleet.all():

@@ -19,7 +19,7 @@ from sentinel.alerting.models import Notification
 from sentinel.clock import Clock, to_datetime
 from sentinel.config import Settings
 from sentinel.db import transaction
-from sentinel.detection.base import Finding, OpenIncident, Subject
+from sentinel.detection.base import SEVERITY_ORDER, Finding, OpenIncident, Subject
 from sentinel.incidents import service
 from sentinel.incidents.models import Incident
 from sentinel.incidents.schemas import IncidentOut
@@ -32,6 +32,7 @@ ACTION_TEXT = {
     "reset_accelerator": "take the accelerator out of service, reset it and restart its tasks elsewhere",
     "restart_node": "take the node out of service and restart its tasks elsewhere",
     "quarantine": "take the accelerator out of service for diagnostics (a lemon)",
+    "drain_node": "drain the node and restart its tasks elsewhere",
     "page": "page a person; act on nothing automatically",
 }
 LATENCY_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0)
@@ -89,6 +90,7 @@ class Incidents:
         if not findings:
             return []
         opened: list[IncidentOut] = []
+        repeated: list[IncidentOut] = []  # event-driven findings seen again: remediation may need to act again
         rows: list[Notification] = []
         with self._lock:
             now = to_datetime(self._clock.time())
@@ -103,13 +105,16 @@ class Incidents:
                         kept.append(incident)
                         if service.update_incident(session, incident, finding, now, repeat=repeat):
                             rows += notify(session, incident, "trigger", self._settings, now)
+                        if repeat:
+                            repeated.append(IncidentOut.model_validate(incident))
                         continue
                     incident = service.open_incident(session, finding, now)
                     kept.append(incident)
                     recommended = ACTION_TEXT.get(finding.action, finding.action)
                     if recommended:
-                        service.add_action(incident, now, f"recommended: {recommended} (automatic remediation is "
-                                                          "not enabled on this server; nothing was changed)")
+                        tail = ("" if self._settings.remediation_enabled else
+                                " (automatic remediation is off on this server; nothing was changed)")
+                        service.add_action(incident, now, f"recommended: {recommended}{tail}")
                     sent = notify(session, incident, "trigger", self._settings, now)
                     self._note_notifications(incident, sent, now)
                     rows += sent
@@ -126,6 +131,8 @@ class Incidents:
                         out.severity, out.detector, out.fingerprint,
                         f"{latency:.3f}s" if latency is not None else "-", out.title)
             self._tell(out, "opened")
+        for out in repeated:
+            self._tell(out, "repeated")
         if rows:
             self.enqueued(rows)
         return opened
@@ -154,6 +161,27 @@ class Incidents:
         log.info("incident resolved: id=%d by=%s fingerprint=%s %s", out.id, actor, out.fingerprint, reason)
         self._tell(out, "resolved")
         return out
+
+    def annotate(self, incident_id: int, text: str, *, severity: str | None = None) -> None:
+        """Add a line to the incident's timeline ("what Sentinel did"); raise its severity if asked (which
+        pages receivers that the new severity now reaches). A resolved incident only gets the line."""
+        from sentinel.alerting.service import notify
+
+        rows: list[Notification] = []
+        with self._lock:
+            now = to_datetime(self._clock.time())
+            with transaction(self._factory) as session:
+                incident = service.get_incident(session, incident_id)
+                service.add_action(incident, now, text)
+                if (severity is not None and incident.state != "resolved"
+                        and SEVERITY_ORDER[severity] > SEVERITY_ORDER.get(incident.severity, 0)):
+                    service.add_action(incident, now, f"severity raised from {incident.severity} to {severity}")
+                    incident.severity = severity
+                    rows = notify(session, incident, "trigger", self._settings, now)
+                    self._severity[incident.fingerprint] = severity
+        log.info("incident %d: %s", incident_id, text)
+        if rows:
+            self.enqueued(rows)
 
     def _transition(self, incident_id: int, event: str,
                     change: Callable[[Session, datetime], Incident]) -> IncidentOut:

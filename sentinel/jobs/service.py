@@ -78,13 +78,16 @@ def register_task(session: Session, job: Job, spec: TaskCreate, *, actor: str) -
                                                  Task.attempt == spec.attempt))
     if taken is not None:
         raise PlacementRejected(f"job {job.id} rank {spec.rank} attempt {spec.attempt} is already registered")
+    for older in session.scalars(select(Task).where(Task.job_id == job.id, Task.rank == spec.rank,
+                                                    Task.attempt < spec.attempt, Task.state == "running")):
+        older.state, older.ended_at = "lost", utcnow()  # replaced by the new attempt, whatever became of it
     task = Task(job_id=job.id, rank=spec.rank, attempt=spec.attempt, node_id=node.id,
                 accelerators=list(spec.accelerators), pid=spec.pid, state="running")
     session.add(task)
     session.flush()
     placed = session.scalar(select(func.count()).select_from(Task).where(
         Task.job_id == job.id, Task.attempt == spec.attempt, Task.state == "running")) or 0
-    if placed >= job.world_size and job.state == "pending":
+    if placed >= job.world_size and job.state in ("pending", "recovering"):
         job.state = "running"
     job.updated_at = utcnow()
     record(session, actor=actor, action="task.register", subject=f"job/{job.id}/rank/{spec.rank}",

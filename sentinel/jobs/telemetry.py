@@ -56,6 +56,7 @@ class RankStats:
     # (received at, step seconds) of steps past warm-up in this attempt, for detectors
     recent: deque[tuple[float, float]] = field(default_factory=lambda: deque(maxlen=STEP_WINDOW))
     last_progress_at: float | None = None  # when last_step last moved forward
+    first_progress_at: float | None = None  # when this attempt first moved forward (recovery is measured to it)
     ended: bool = False  # its process exited; a hung rank is one whose process still lives
 
 
@@ -113,6 +114,7 @@ class JobTelemetry:
                 if rank.pid != task.pid or rank.attempt != task.attempt:
                     rank.pid, rank.attempt, rank.attempt_steps = task.pid, task.attempt, 0
                     rank.ended, rank.first_seen, rank.last_progress_at = False, now, None
+                    rank.first_progress_at = None
                     rank.recent.clear()
                 for seconds in task.step_seconds:
                     rank.attempt_steps += 1
@@ -121,6 +123,8 @@ class JobTelemetry:
                 if task.steps > 0 or (task.last_step is not None and (rank.last_step is None
                                                                       or task.last_step > rank.last_step)):
                     rank.last_progress_at = now
+                    if rank.first_progress_at is None:
+                        rank.first_progress_at = min(now, task.first_step_at or now)
                 rank.step_seconds.extend(task.step_seconds)
                 rank.intervals.append(_Interval(now, task.steps, task.tokens, task.busy_seconds,
                                                 task.collective_seconds, task.exposed_collective_seconds))

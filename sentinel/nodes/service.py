@@ -89,7 +89,7 @@ def set_admin_state(session: Session, node: Node, *, admin_state: str, reason: s
         node.state = admin_state
         node.state_changed_at = utcnow()
     node.state_reason = reason or f"{admin_state} by {actor}"
-    verb = "cordon" if admin_state == "cordoned" else "uncordon"
+    verb = {"cordoned": "cordon", "draining": "drain"}.get(admin_state, "uncordon")
     record(session, actor=actor, action=f"node.{verb}", subject=f"node/{node.name}", reason=reason,
            detail={"from": previous, "to": admin_state})
     record_event(session, kind=f"node_{admin_state}", node_id=node.id,

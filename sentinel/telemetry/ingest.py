@@ -58,6 +58,7 @@ class ClosedTask:
     rank: int
     pid: int
     failure_reason: str
+    attempt: int = 0
 
 
 Listener = Callable[[NodeLive, NodeReport, list[ClosedTask]], None]
@@ -183,7 +184,7 @@ class Ingest:
                                           exception=exceptions.get(ended.pid),
                                           observed_at=to_datetime(ended.observed_at))
                 if closed is not None:
-                    exits.append(ClosedTask(closed[0].job_id, closed[0].rank, ended.pid, closed[1]))
+                    exits.append(ClosedTask(closed[0].job_id, closed[0].rank, ended.pid, closed[1], closed[0].attempt))
             if not coming_back:
                 return
             admin = session.scalar(select(Node.admin_state).where(Node.id == node_id)) or "active"

@@ -135,6 +135,7 @@ class TaskTelemetry(WireModel):
     pid: Pid
     steps: Count = 0
     last_step: Count | None = None
+    first_step_at: Annotated[float, Field(ge=0.0)] | None = None  # wall time the interval's first step ended
     step_seconds: Annotated[list[Seconds], Field(max_length=1024)] = []
     tokens: Count = 0
     busy_seconds: Seconds = 0.0

@@ -7,47 +7,16 @@ import json
 import os
 import signal
 import subprocess
-import threading
 import time
 from datetime import datetime
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from typing import Any
 
 import pytest
 
-from sentinel.alerting.notifiers.webhook import verify_signature
-from tests.live import LiveServer, free_port, sentinel_cmd, wait_for
+from tests.live import LiveServer, Receiver, free_port, sentinel_cmd, wait_for
 
 pytestmark = pytest.mark.slow
 SECRET = "test-secret"
-
-
-class Receiver:
-    def __init__(self) -> None:
-        self.pages: list[tuple[float, dict[str, Any]]] = []
-        self.bad_signatures = 0
-        outer = self
-
-        class Handler(BaseHTTPRequestHandler):
-            def do_POST(self) -> None:
-                at = time.time()
-                body = self.rfile.read(int(self.headers["Content-Length"]))
-                if not verify_signature(SECRET, body, self.headers.get("X-Sentinel-Signature", "")):
-                    outer.bad_signatures += 1
-                self.send_response(204)
-                self.end_headers()
-                outer.pages.append((at, json.loads(body)))
-
-            def log_message(self, *_: Any) -> None:
-                pass
-
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/hook"
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
-
-    def find(self, event: str, detector: str) -> list[tuple[float, dict[str, Any]]]:
-        return [(at, p) for at, p in list(self.pages) if p["event"] == event and p["incident"]["detector"] == detector]
 
 
 def start_agent(server: LiveServer, token: str, name: str, state_dir: Path) -> subprocess.Popen[bytes]:
@@ -59,7 +28,7 @@ def start_agent(server: LiveServer, token: str, name: str, state_dir: Path) -> s
 
 
 def test_an_agent_fault_pages_within_a_second_and_a_dead_agent_is_heartbeat_loss(tmp_path, database_url):
-    receiver = Receiver()
+    receiver = Receiver(SECRET)
     receivers = [{"name": "oncall", "kind": "webhook", "url": receiver.url, "secret": SECRET}]
     server = LiveServer(tmp_path / "server", database_url, {"SENTINEL_RECEIVERS": json.dumps(receivers),
                                                             "SENTINEL_RESOLVE_AFTER_SECONDS": "1"}).start()

@@ -45,12 +45,27 @@ class HungTask(Detector):
                     stalled.append((rank, since, limit))
             if not stalled:
                 continue
+            # The first rank past its limit need not be the culprit (progress arrives per agent interval):
+            # every rank silent for half its limit is a candidate; the pinned accelerator decides.
+            placed = {t.rank: node_id for node_id, tasks in ctx.assignments().items() for t in tasks
+                      if t.job_id == job.job_id}
+            for missing in sorted(set(placed) - set(job.ranks)):  # placed, but never reported a step
+                live = ctx.fleet.by_id(placed[missing])
+                if live is not None:
+                    live_ranks.append(RankStats(missing, node=live.name, first_seen=job.first_seen))
+            for rank in live_ranks:
+                node = ctx.fleet.get(rank.node)
+                since = rank.last_progress_at if rank.last_progress_at is not None else rank.first_seen
+                if node is not None and all(r is not rank for r, _, _ in stalled):
+                    limit = self._limit(rank, node.interval_seconds)
+                    if now - since > min(limit, self.settings.hang_min_seconds) / 2:
+                        stalled.append((rank, since, limit))
             findings.append(self._finding(ctx, job.job_id, stalled, len(live_ranks), now))
         return Evaluation(findings, len(jobs))
 
     def _finding(self, ctx: DetectionContext, job_id: int, stalled: list[tuple[RankStats, float, float]],
                  ranks: int, now: float) -> Finding:
-        def suspicion(item: tuple[RankStats, float, float]) -> tuple[float, int]:
+        def suspicion(item: tuple[RankStats, float, float]) -> tuple[int, float]:
             rank, since, _ = item
             _, uuids = ctx.placement(job_id, rank.rank)
             pinned = 0
@@ -58,7 +73,7 @@ class HungTask(Detector):
                 latest = ctx.samples.latest(uuid)
                 if latest is not None and latest[1].utilization_ratio >= 0.99:
                     pinned = 1
-            return (since, -pinned)
+            return (-pinned, since)  # a frozen rank on a pinned accelerator is the culprit; its peers just wait
 
         stalled.sort(key=suspicion)
         first, since, limit = stalled[0]
@@ -98,4 +113,5 @@ class HungTask(Detector):
                         "Accelerator busy at 100% with no progress: a hung kernel or NCCL/gloo wait; idle: a "
                         "deadlock, a stuck data loader or a filesystem read",
                         "Peers blocked in all-reduce point at the rank that never arrived"],
-            action="restart_task", observed_at=since + limit)
+            # an accelerator stuck at 100% with its task frozen is suspect: take it out and move the job
+            action="reset_accelerator" if pinned and len(uuids) == 1 else "restart_task", observed_at=since + limit)

@@ -39,7 +39,8 @@ class HeartbeatLoss(Detector):
                             "Is the agent running there? `systemctl status sentinel-collector` or its log; its "
                             "spool replays what it could not send once it reaches the server",
                             "Can it reach the server? a firewall, DNS or a network change"],
-                action="record", observed_at=live.last_seen + live.interval_seconds))
+                # its tasks are gone or unreachable: drain it and restart them elsewhere
+                action="drain_node" if tasks else "record", observed_at=live.last_seen + live.interval_seconds))
         return Evaluation(findings, len(nodes))
 
     def fleet_wide(self, findings: list[Finding], subjects: int) -> Finding:

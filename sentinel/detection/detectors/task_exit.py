@@ -19,7 +19,8 @@ class TaskExit(Detector):
     def on_report(self, ctx: DetectionContext, live: NodeLive, report: NodeReport,
                   exits: list[ClosedTask]) -> list[Finding]:
         findings = []
-        failed = [c for c in exits if c.failure_reason]
+        # a job being restarted on an order: its old ranks are stopped on purpose, that is no failure
+        failed = [c for c in exits if c.failure_reason and not ctx.restarting(c.job_id, c.attempt)]
         by_pid = {e.pid: e for e in report.task_exits}
         exceptions = {t.pid: t.failure for t in report.tasks if t.failure is not None}
         for closed in failed:

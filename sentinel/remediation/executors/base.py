@@ -1,0 +1,66 @@
+"""What an executor is: the part that makes a remediation happen in the world the job runs in.
+
+The remediation engine decides (quarantine this accelerator, drain that node, move these jobs);
+an executor carries it out in its scheduler's terms. The local executor speaks through orders to
+launchers; Slurm drains and requeues; Kubernetes cordons and evicts. Executors are plugins:
+`register` a class, name it in `settings.executors`.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass, field
+from typing import Any, ClassVar, Literal
+
+ActionKind = Literal["drain_node", "release_node", "move_work"]
+
+
+@dataclass(frozen=True)
+class JobRef:
+    """A job as an executor needs it: Sentinel's id and name, and the scheduler's own handles from the
+    job's attributes (e.g. `slurm_job_id`, `k8s_namespace` + `k8s_pods`)."""
+
+    id: int
+    name: str
+    kind: str = "training"
+    attributes: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Action:
+    """drain_node: stop new work landing on `node` (Slurm DRAIN, Kubernetes cordon).
+    release_node: undo that. move_work: get `jobs` off `accelerators` on `node` (requeue, evict)."""
+
+    kind: ActionKind
+    node: str
+    reason: str
+    accelerators: tuple[str, ...] = ()
+    jobs: tuple[JobRef, ...] = ()
+    incident_id: int | None = None
+
+
+@dataclass(frozen=True)
+class Outcome:
+    ok: bool
+    detail: str  # one line for the incident timeline and the log: what was done, or why not
+
+
+class Executor(ABC):
+    name: ClassVar[str] = ""
+
+    def __init__(self, options: dict[str, Any] | None = None):
+        self.options = options or {}
+
+    @abstractmethod
+    def execute(self, action: Action) -> Outcome:
+        """Carry out `action`; never raise for an expected failure (say it in the Outcome)."""
+
+
+EXECUTORS: dict[str, type[Executor]] = {}
+
+
+def register(cls: type[Executor]) -> type[Executor]:
+    if not cls.name:
+        raise ValueError(f"{cls.__name__} has no name")
+    EXECUTORS[cls.name] = cls
+    return cls

@@ -1,0 +1,173 @@
+"""Real processes end to end: a server, two agents with simulated accelerators, and a 2-rank gloo DDP job
+run by `sentinel launch`. An XID 79, or a hang, on a rank's accelerator gets it quarantined and the job
+restarted on the spare, stepping again; the incident holds the timeline. A partition trips the breaker.
+
+SQLite only: these start a dozen processes each; the SQL they exercise is covered on both databases
+by the API tests.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.live import LiveServer, Receiver, free_port, sentinel_cmd, wait_for
+
+pytestmark = [pytest.mark.slow, pytest.mark.torch]
+TRAIN = Path(__file__).with_name("ddp_train.py")
+
+
+def start_agent(server: LiveServer, token: str, name: str, work: Path, accelerators: int) -> subprocess.Popen[bytes]:
+    log = open(work / f"agent-{name}.log", "ab")  # noqa: SIM115 - the child keeps it
+    return subprocess.Popen(sentinel_cmd("collector", "--server", server.url, "--token", token, "--node-name", name,
+                                         "--source", f"sim:{accelerators}", "--interval", "1", "--listen",
+                                         f"127.0.0.1:{free_port()}", "--state-dir", str(work / "agents")),
+                            env={**os.environ}, stdout=log, stderr=log, start_new_session=True)
+
+
+def attempts(out: Path) -> dict[int, set[int]]:
+    """attempt → ranks that logged a step in it."""
+    seen: dict[int, set[int]] = {}
+    log = out / "steps.log"
+    if log.exists():
+        for line in log.read_text().splitlines():
+            parts = line.split()
+            if len(parts) == 4:
+                seen.setdefault(int(parts[1]), set()).add(int(parts[0]))
+    return seen
+
+
+class Cluster:
+    def __init__(self, tmp_path: Path, env: dict[str, str] | None = None, nodes: dict[str, int] | None = None):
+        self.work = tmp_path
+        self.server = LiveServer(tmp_path / "server", f"sqlite:///{tmp_path / 'server' / 'sentinel.db'}",
+                                 {"SENTINEL_RESOLVE_AFTER_SECONDS": "600", **(env or {})}).start()
+        token = self.server.token("agent", "agents")
+        self.procs: list[subprocess.Popen[bytes]] = []
+        self.agents: dict[str, subprocess.Popen[bytes]] = {}
+        for name, count in (nodes or {"node-a": 2, "node-b": 2}).items():
+            self.agents[name] = start_agent(self.server, token, name, tmp_path, count)
+            self.procs.append(self.agents[name])
+        self.api = self.server.api()
+        wait_for(lambda: all(self.api.get(f"/nodes/{n}").status_code == 200 for n in self.agents), timeout=30,
+                 what="agents registered")
+
+    def launch(self, name: str) -> subprocess.Popen[bytes]:
+        out = self.work / "job"
+        out.mkdir(exist_ok=True)
+        env = {**os.environ, "SENTINEL_SERVER": self.server.url, "SENTINEL_TOKEN": self.server.token("launcher", name),
+               "OUT_DIR": str(out), "STEPS": "0"}
+        log = open(self.work / "launch.log", "ab")  # noqa: SIM115 - the child keeps it
+        proc = subprocess.Popen(sentinel_cmd("launch", "--job", name, "--nproc", "2", "--", sys.executable, str(TRAIN)),
+                                env=env, stdout=log, stderr=log, start_new_session=True)
+        self.procs.append(proc)
+        return proc
+
+    def job(self, name: str) -> dict[str, Any]:
+        jobs = [j for j in self.api.get("/jobs").json() if j["name"] == name]
+        return dict(self.api.get(f"/jobs/{jobs[0]['id']}").json()) if jobs else {}
+
+    def close(self) -> None:
+        for proc in self.procs:
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGINT)
+        for proc in self.procs:
+            try:
+                proc.wait(20)
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+        self.server.stop()
+
+    def logs(self) -> str:
+        return "\n".join(f"--- {p.name}\n{p.read_text()[-3000:]}" for p in sorted(self.work.glob("*.log")))
+
+
+def running(job: dict[str, Any], attempt: int) -> list[dict[str, Any]]:
+    return [t for t in job.get("tasks", []) if t["attempt"] == attempt]
+
+
+@pytest.mark.parametrize("fault", ["xid", "hang"])
+def test_a_faulty_accelerator_is_quarantined_and_the_job_steps_again_on_the_spare(tmp_path, fault):
+    cluster = Cluster(tmp_path, {"SENTINEL_HANG_MIN_SECONDS": "3"})
+    try:
+        cluster.launch("llm")
+        out = tmp_path / "job"
+        wait_for(lambda: attempts(out).get(0) == {0, 1}, timeout=120, what="both ranks stepping")
+        job = cluster.job("llm")
+        victim = next(t for t in running(job, 0) if t["rank"] == 1)
+        uuid, node = victim["accelerators"][0], victim["node"]
+        index = int(uuid.rsplit("-", 1)[1])
+        argument = 79 if fault == "xid" else None
+        assert cluster.api.post(f"/nodes/{node}/inject", json={"accelerator_index": index, "fault": fault,
+                                                                "argument": argument}).status_code == 202
+        injected = time.time()
+        wait_for(lambda: max(attempts(out)) >= 1 and attempts(out)[max(attempts(out))] == {0, 1}, timeout=120,
+                 what="both ranks stepping in a new attempt")
+        stepping_again = time.time() - injected
+
+        acc = next(a for a in cluster.api.get("/accelerators").json() if a["uuid"] == uuid)
+        assert acc["health"] == "quarantined"
+        job = cluster.job("llm")
+        latest = max(t["attempt"] for t in job["tasks"])
+        placed = running(job, latest)
+        assert all(uuid not in t["accelerators"] for t in placed), "nothing runs on the quarantined accelerator"
+        incidents = cluster.api.get("/incidents", params={"state": "all"}).json()["incidents"]
+        detector = "hardware" if fault == "xid" else "hang"
+        incident = next(i for i in incidents if i["detector"] == detector)
+        timeline = [a["text"] for a in cluster.api.get(f"/incidents/{incident['id']}").json()["actions"]]
+        text = "\n".join(timeline)
+        assert "quarantined accelerator" in text and "order " in text, text
+        if fault == "xid":
+            assert f"drained node {node}" in text and all(t["node"] != node for t in placed)
+            nodes = {n["name"]: n["state"] for n in cluster.api.get("/nodes").json()}
+            assert nodes[node] == "draining"
+        wait_for(lambda: "stepping again" in json.dumps(cluster.api.get(f"/incidents/{incident['id']}").json()),
+                 timeout=30, what="the recovery on the incident's timeline")
+        orders = cluster.api.get(f"/jobs/{job['id']}/orders", params={"state": "all"}).json()
+        assert orders[-1]["state"] == "done" and orders[-1]["completed_at"] is not None
+        print(f"{fault}: stepping again {stepping_again:.1f}s after the injection")
+        assert stepping_again < 60
+    except BaseException:
+        print(cluster.logs())
+        raise
+    finally:
+        cluster.close()
+
+
+def test_a_partition_trips_the_breaker_and_pages_once(tmp_path):
+    receiver = Receiver("secret")
+    receivers = [{"name": "oncall", "kind": "webhook", "url": receiver.url, "secret": "secret"}]
+    nodes = {f"node-{i}": 1 for i in range(6)}
+    cluster = Cluster(tmp_path, {"SENTINEL_RECEIVERS": json.dumps(receivers), "SENTINEL_BREAKER_MIN_ACCELERATORS": "1"},
+                      nodes)
+    try:
+        silenced = ["node-0", "node-1", "node-2"]
+        for name in silenced:
+            os.killpg(cluster.agents[name].pid, signal.SIGKILL)
+        wait_for(lambda: cluster.api.get("/breaker").json()["open"], timeout=30, what="the breaker to trip")
+        breaker = cluster.api.get("/breaker").json()
+        assert "would be out of service" in breaker["reason"]
+        time.sleep(3)  # anything else that was going to page has had time to
+        critical = [p for _, p in receiver.find("trigger", "heartbeat") if p["incident"]["severity"] == "critical"]
+        assert len(critical) == 1 and critical[0]["incident"]["node"] is None, [p["incident"]["title"]
+                                                                                 for _, p in receiver.pages]
+        accelerators = cluster.api.get("/accelerators").json()
+        assert all(a["health"] == "healthy" for a in accelerators), "nothing is quarantined"
+        states = {n["name"]: n["state"] for n in cluster.api.get("/nodes").json()}
+        assert all(states[n] == "down" for n in silenced) and "draining" not in states.values()
+        metrics = cluster.api.get(cluster.server.url + "/metrics").text
+        assert "sentinel_breaker_open 1.0" in metrics
+
+        reset = cluster.api.post("/breaker/reset", json={"reason": "switch replaced"})
+        assert reset.status_code == 200 and reset.json()["open"] is False
+    finally:
+        cluster.close()
+        receiver.server.shutdown()

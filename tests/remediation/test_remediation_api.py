@@ -1,0 +1,245 @@
+"""Remediation through the real app on SQLite and PostgreSQL: quarantine, drain, orders, placement, the
+breaker, dry run, the migration limit, manual quarantine and release."""
+
+from __future__ import annotations
+
+import threading
+import time
+from typing import Any
+
+import pytest
+from fastapi.testclient import TestClient
+
+from sentinel.config import Settings
+from sentinel.runtime import Runtime
+from tests.conftest import FakeClock, bearer
+from tests.factories import registration, report
+
+
+@pytest.fixture
+def overrides() -> dict[str, Any]:
+    return {}
+
+
+@pytest.fixture
+def settings(tmp_path, database_url: str, overrides: dict[str, Any]) -> Settings:  # type: ignore[no-untyped-def]
+    return Settings(data_dir=tmp_path / "data", database_url=database_url, metrics_require_token=False,
+                    **overrides)
+
+
+def rt(client: TestClient) -> Runtime:
+    runtime: Runtime = client.app.state.runtime  # type: ignore[attr-defined]
+    return runtime
+
+
+def settle(client: TestClient) -> None:
+    assert rt(client).detection.drain() and rt(client).remediation.drain()
+
+
+@pytest.fixture
+def fleet(client: TestClient, make_token) -> dict[str, Any]:  # type: ignore[no-untyped-def]
+    """Two nodes with two accelerators each, and a 2-rank job on node-a."""
+    agent, launcher = bearer(make_token("agent")), bearer(make_token("launcher"))
+    for name in ("node-a", "node-b"):
+        assert client.post("/api/v1/nodes/register", json=registration(name, 2, 1.0), headers=agent).status_code == 200
+    job = client.post("/api/v1/jobs", json={"name": "llm", "world_size": 2}, headers=launcher).json()
+    placement = client.post(f"/api/v1/jobs/{job['id']}/placement", json={}, headers=launcher)
+    assert placement.status_code == 200, placement.text
+    for slot in placement.json():
+        body = {"rank": slot["rank"], "node": slot["node"], "accelerators": slot["accelerators"],
+                "pid": 1000 + slot["rank"]}
+        assert client.post(f"/api/v1/jobs/{job['id']}/tasks", json=body, headers=launcher).status_code == 201
+    return {"agent": agent, "launcher": launcher, "job": job["id"], "placement": placement.json(), "seq": [0]}
+
+
+def xid(client: TestClient, fleet: dict[str, Any], code: int, uuid: str, clock: FakeClock) -> None:
+    fleet["seq"][0] += 1
+    node = uuid.rsplit("-", 1)[0].removeprefix("SIM-")
+    body = report(node=node, seq=fleet["seq"][0], interval=1.0,
+                  events=[{"kind": "xid", "accelerator_uuid": uuid, "xid": code, "observed_at": clock.time()}])
+    assert client.post(f"/api/v1/nodes/{node}/reports", json=body, headers=fleet["agent"]).status_code == 200
+    settle(client)
+
+
+def health(client: TestClient, token: str) -> dict[str, str]:
+    return {a["uuid"]: a["health"] for a in client.get("/api/v1/accelerators", headers=bearer(token)).json()}
+
+
+def timeline(client: TestClient, token: str, detector: str = "hardware") -> str:
+    [incident] = client.get("/api/v1/incidents", params={"detector": detector, "state": "all"},
+                            headers=bearer(token)).json()["incidents"]
+    return "\n".join(a["text"] for a in client.get(f"/api/v1/incidents/{incident['id']}",
+                                                   headers=bearer(token)).json()["actions"])
+
+
+def test_first_placement_keeps_the_ranks_on_one_node(fleet):
+    assert [(s["rank"], s["node"]) for s in fleet["placement"]] == [(0, "node-a"), (1, "node-a")] or \
+        [(s["rank"], s["node"]) for s in fleet["placement"]] == [(0, "node-b"), (1, "node-b")]
+
+
+def test_xid_79_quarantines_drains_and_orders_the_job_onto_the_spare(client, fleet, admin_token, clock):
+    node = fleet["placement"][1]["node"]
+    spare = "node-b" if node == "node-a" else "node-a"
+    victim = fleet["placement"][1]["accelerators"][0]
+    xid(client, fleet, 79, victim, clock)
+    states = health(client, admin_token)
+    assert {u: h for u, h in states.items() if u.startswith(f"SIM-{node}")} == \
+        {f"SIM-{node}-0": "quarantined", f"SIM-{node}-1": "quarantined"}
+    nodes = {n["name"]: n["state"] for n in client.get("/api/v1/nodes", headers=bearer(admin_token)).json()}
+    assert nodes[node] == "draining" and nodes[spare] == "active"
+
+    [order] = client.get(f"/api/v1/jobs/{fleet['job']}/orders", headers=fleet["launcher"]).json()
+    assert (order["kind"], order["attempt"], order["state"]) == ("restart", 1, "pending")
+    assert {s["node"] for s in order["placement"]} == {spare}, "both ranks leave the drained node, together"
+    text = timeline(client, admin_token)
+    assert "quarantined accelerator(s)" in text and f"drained node {node}" in text and order["id"] in text
+
+    acked = client.post(f"/api/v1/orders/{order['id']}/ack", json={"status": "acknowledged"},
+                        headers=fleet["launcher"])
+    assert acked.json()["state"] == "acknowledged"
+    done = client.post(f"/api/v1/orders/{order['id']}/ack", json={"status": "done", "detail": "started"},
+                       headers=fleet["launcher"])
+    assert done.json()["state"] == "done"
+    again = client.post(f"/api/v1/orders/{order['id']}/ack", json={"status": "acknowledged"},
+                        headers=fleet["launcher"])
+    assert again.json()["state"] == "done", "an ack never moves an order backwards"
+    assert client.get(f"/api/v1/jobs/{fleet['job']}/orders", headers=fleet["launcher"]).json() == []
+    assert client.post("/api/v1/orders/nope/ack", headers=fleet["launcher"]).status_code == 404
+    metrics = client.get("/metrics").text
+    assert 'sentinel_remediations_total{action="quarantine_accelerator",result="done"} 1.0' in metrics
+    assert "sentinel_breaker_open 0.0" in metrics
+    # the replayed report does not act twice
+    xid(client, fleet, 79, victim, clock)
+    assert len(client.get(f"/api/v1/jobs/{fleet['job']}/orders", params={"state": "all"},
+                          headers=fleet["launcher"]).json()) == 1
+
+
+def test_a_long_poll_wakes_when_an_order_arrives(client, fleet, clock):
+    got: list[Any] = []
+
+    def poll() -> None:
+        started = time.monotonic()
+        answer = client.get(f"/api/v1/jobs/{fleet['job']}/orders", params={"wait": 20}, headers=fleet["launcher"])
+        got.append((time.monotonic() - started, answer.json()))
+
+    thread = threading.Thread(target=poll)
+    thread.start()
+    time.sleep(0.3)
+    xid(client, fleet, 95, fleet["placement"][0]["accelerators"][0], clock)
+    thread.join(20)
+    took, orders = got[0]
+    assert took < 10 and len(orders) == 1 and orders[0]["placement"][0]["rank"] == 0
+
+
+@pytest.mark.parametrize("overrides", [{"breaker_min_accelerators": 0}])
+def test_the_breaker_trips_instead_of_draining_too_much_and_a_person_resets_it(client, fleet, admin_token,
+                                                                             make_token, clock, overrides):
+    xid(client, fleet, 79, fleet["placement"][0]["accelerators"][0], clock)  # 2 of 4 accelerators > 10 %
+    assert set(health(client, admin_token).values()) == {"healthy"}, "nothing quarantined"
+    breaker = client.get("/api/v1/breaker", headers=bearer(admin_token)).json()
+    assert breaker["open"] and "2 of 4 accelerators would be out of service" in breaker["reason"]
+    assert client.get(f"/api/v1/jobs/{fleet['job']}/orders", headers=fleet["launcher"]).json() == []
+    text = timeline(client, admin_token)
+    assert "circuit breaker tripped" in text
+    assert "sentinel_breaker_open 1.0" in client.get("/metrics").text
+
+    xid(client, fleet, 48, fleet["placement"][1]["accelerators"][0], clock)
+    blocked = client.get("/api/v1/remediations", headers=bearer(admin_token)).json()
+    assert [r["result"] for r in blocked] == ["blocked", "blocked"], "open: every automatic action stops"
+
+    viewer, operator = bearer(make_token("viewer")), bearer(make_token("operator"))
+    assert client.post("/api/v1/breaker/reset", headers=viewer).status_code == 403
+    reset = client.post("/api/v1/breaker/reset", json={"reason": "fixed"}, headers=operator)
+    assert reset.status_code == 200 and not reset.json()["open"] and reset.json()["reset_by"].startswith("operator")
+
+
+@pytest.mark.parametrize("overrides", [{"remediation_dry_run": True}])
+def test_dry_run_records_what_it_would_do_and_does_nothing(client, fleet, admin_token, clock, overrides):
+    xid(client, fleet, 48, fleet["placement"][0]["accelerators"][0], clock)
+    assert set(health(client, admin_token).values()) == {"healthy"}
+    assert client.get(f"/api/v1/jobs/{fleet['job']}/orders", headers=fleet["launcher"]).json() == []
+    assert "dry run: would quarantine" in timeline(client, admin_token)
+    assert [r["result"] for r in client.get("/api/v1/remediations", headers=bearer(admin_token)).json()] == ["dry_run"]
+
+
+@pytest.mark.parametrize("overrides", [{"max_migrations_per_hour": 1}])
+def test_a_job_restarted_too_often_is_left_for_a_person(client, fleet, admin_token, clock, overrides):
+    for seq, rank in ((1, 0), (2, 1)):
+        body = report(node=fleet["placement"][0]["node"], seq=100 + seq, interval=1.0)
+        body["task_exits"] = [{"job_id": fleet["job"], "rank": rank, "pid": 1000 + rank, "exit_code": 1,
+                               "observed_at": clock.time()}]
+        client.post(f"/api/v1/nodes/{body['node']}/reports", json=body, headers=fleet["agent"])
+        settle(client)
+        if seq == 1:
+            [order] = client.get(f"/api/v1/jobs/{fleet['job']}/orders", headers=fleet["launcher"]).json()
+            client.post(f"/api/v1/orders/{order['id']}/ack", json={"status": "done"}, headers=fleet["launcher"])
+            for slot in order["placement"]:
+                client.post(f"/api/v1/jobs/{fleet['job']}/tasks", headers=fleet["launcher"], json={
+                    "rank": slot["rank"], "node": slot["node"], "accelerators": slot["accelerators"],
+                    "pid": 1000 + slot["rank"], "attempt": 1})
+    orders = client.get(f"/api/v1/jobs/{fleet['job']}/orders", params={"state": "all"},
+                        headers=fleet["launcher"]).json()
+    assert len(orders) == 1, "the second failure within the hour is not restarted"
+    text = timeline(client, admin_token, "task_exit")
+    assert "limit (max_migrations_per_hour)" in text
+    [incident] = client.get("/api/v1/incidents", headers=bearer(admin_token)).json()["incidents"]
+    assert incident["severity"] == "critical"
+
+
+def test_an_order_nobody_acknowledges_escalates_the_incident(client, fleet, admin_token, clock):
+    xid(client, fleet, 94, fleet["placement"][0]["accelerators"][0], clock)  # restart_task: in place
+    [order] = client.get(f"/api/v1/jobs/{fleet['job']}/orders", headers=fleet["launcher"]).json()
+    [incident] = client.get("/api/v1/incidents", headers=bearer(admin_token)).json()["incidents"]
+    assert incident["severity"] == "warning" and order["kind"] == "restart"
+    rt(client).remediation.tick()
+    clock.advance(31)
+    rt(client).remediation.tick()
+    [incident] = client.get("/api/v1/incidents", headers=bearer(admin_token)).json()["incidents"]
+    assert incident["severity"] == "critical"
+    assert "was not acknowledged within 30s" in timeline(client, admin_token)
+
+
+def test_manual_quarantine_moves_work_and_release_resolves_latched_incidents(client, fleet, admin_token, make_token,
+                                                                            clock):
+    operator, viewer = bearer(make_token("operator")), bearer(make_token("viewer"))
+    victim = fleet["placement"][0]["accelerators"][0]
+    assert client.post(f"/api/v1/accelerators/{victim}/quarantine", headers=viewer).status_code == 403
+    assert client.post("/api/v1/accelerators/SIM-nope-0/quarantine", headers=operator).status_code == 404
+    lines = client.post(f"/api/v1/accelerators/{victim}/quarantine", json={"reason": "fan"}, headers=operator).json()
+    assert any("quarantined" in line for line in lines) and any("order" in line for line in lines)
+    assert health(client, admin_token)[victim] == "quarantined"
+    [order] = client.get(f"/api/v1/jobs/{fleet['job']}/orders", headers=fleet["launcher"]).json()
+    assert all(victim not in s["accelerators"] for s in order["placement"])
+
+    xid(client, fleet, 48, victim, clock)  # a latched incident about it
+    released = client.post(f"/api/v1/accelerators/{victim}/release", json={"reason": "reseated"}, headers=operator)
+    assert released.status_code == 200 and any("resolved incident" in line for line in released.json())
+    assert health(client, admin_token)[victim] == "healthy"
+    assert client.get("/api/v1/incidents", headers=bearer(admin_token)).json()["incidents"] == []
+
+
+def test_placement_never_uses_quarantined_cordoned_or_other_models(client, fleet, admin_token, make_token):
+    operator, launcher = bearer(make_token("operator")), fleet["launcher"]
+    reg = registration("node-c", 4, 1.0)
+    for acc in reg["accelerators"]:
+        acc["model"] = "sim-a100-40gb"
+    client.post("/api/v1/nodes/register", json=reg, headers=fleet["agent"])
+    client.post("/api/v1/nodes/node-b/cordon", json={"reason": "test"}, headers=operator)
+    job = client.post("/api/v1/jobs", json={"name": "small", "world_size": 2}, headers=launcher).json()
+    placement = client.post(f"/api/v1/jobs/{job['id']}/placement", json={}, headers=launcher).json()
+    assert {s["node"] for s in placement} == {"node-c"}, "node-a is busy, node-b cordoned: node-c's model"
+    big = client.post("/api/v1/jobs", json={"name": "big", "world_size": 5}, headers=launcher).json()
+    refused = client.post(f"/api/v1/jobs/{big['id']}/placement", json={}, headers=launcher)
+    assert refused.status_code == 409 and "needed" in refused.json()["detail"]
+
+
+def test_a_serving_replica_is_replaced_not_restarted(client, fleet, admin_token, make_token, clock):
+    launcher = fleet["launcher"]
+    job = client.post("/api/v1/jobs", json={"name": "serve", "kind": "serving", "world_size": 1},
+                      headers=launcher).json()
+    [slot] = client.post(f"/api/v1/jobs/{job['id']}/placement", json={}, headers=launcher).json()
+    client.post(f"/api/v1/jobs/{job['id']}/tasks", headers=launcher,
+                json={"rank": 0, "node": slot["node"], "accelerators": slot["accelerators"], "pid": 2000})
+    xid(client, fleet, 95, slot["accelerators"][0], clock)
+    [order] = client.get(f"/api/v1/jobs/{job['id']}/orders", headers=launcher).json()
+    assert order["kind"] == "replace_replica" and order["placement"][0]["accelerators"] != slot["accelerators"]
