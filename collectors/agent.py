@@ -147,11 +147,12 @@ class Agent:
     def on_event(self, event: HardwareEvent) -> None:
         """A fault is pushed at once, not at the next interval."""
         with self._lock:
-            if event.accelerator_uuid:
+            if event.accelerator_uuid and event.kind != "probe":
                 self.health[event.accelerator_uuid] = {"offline": "offline", "clear": "healthy"}.get(
                     event.kind, "degraded")
-        log.warning("fault event: node=%s accelerator=%s kind=%s xid=%s", self.config.node, event.accelerator_uuid,
-                    event.kind, event.xid)
+        log.warning("%s event: node=%s accelerator=%s kind=%s xid=%s value=%s",
+                    "probe" if event.kind == "probe" else "fault", self.config.node, event.accelerator_uuid,
+                    event.kind, event.xid, event.value)
         self.report_now(events=[event])
 
     def on_task_exit(self, exit: TaskExit) -> None:
@@ -180,7 +181,10 @@ class Agent:
             log.error("command %s ignored: node %s has no sim source", command.id, self.config.node)
             return
         try:
-            sims[0].inject(command.accelerator_index, command.fault, command.argument)
+            if command.kind == "probe":
+                self.on_event(sims[0].probe(command.accelerator_index))
+            else:
+                sims[0].inject(command.accelerator_index, command.fault, command.argument)
             self.commands_applied += 1
         except ValueError as exc:
             log.error("command %s refused: %s", command.id, exc)

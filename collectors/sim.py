@@ -219,6 +219,22 @@ class SimCollector(Collector):
         if event is not None and self._emit is not None:
             self._emit(event)
 
+    def probe(self, index: int) -> HardwareEvent:
+        """A suspect accelerator's microbenchmark, simulated: the share of its expected GEMM rate it reaches
+        now — 0 when hung or gone, 1/factor when slowed, lower when thermally throttled. On real hardware
+        this is a short GEMM on the device (not implemented for nvml yet: it answers without a value)."""
+        if not 0 <= index < len(self._faults):
+            raise ValueError(f"sim has accelerators 0..{len(self._faults) - 1}, not {index}")
+        with self._lock:
+            faults = self._faults[index]
+            ratio = 0.0 if faults.hang or faults.offline else (1.0 / faults.slow_factor) * (0.7 if faults.thermal
+                                                                                              else 1.0)
+        uuid = self._infos[index].uuid
+        log.info("sim probe: node=%s accelerator=%d uuid=%s achieved=%.0f%% of expected (simulated)", self._node,
+                 index, uuid, 100 * ratio)
+        return HardwareEvent(kind="probe", accelerator_uuid=uuid, value=ratio, observed_at=self._clock(),
+                             message=f"GEMM probe: {ratio:.0%} of the expected rate (simulated)")
+
     def _signal_tasks(self, uuid: str, sig: int) -> list[int]:
         """A hung accelerator hangs its tasks: they stay alive but stop making progress (SIGSTOP), as a
         process blocked in a kernel that never returns would. `clear` lets them go on (SIGCONT)."""

@@ -58,6 +58,8 @@ class Settings(BaseSettings):
     executor_options: dict[str, dict[str, Any]] = {}
     placement_policy: str = "best-fit"
     max_migrations_per_hour: int = Field(default=3, ge=1)
+    probe_threshold: float = Field(default=0.8, gt=0, le=1)  # a suspect below this share of its rate is quarantined
+    probe_timeout_seconds: float = Field(default=30.0, gt=0)
     order_ack_seconds: float = Field(default=30.0, gt=0)
     order_webhook_secret: str = Field(default="", repr=False)
     breaker_share: float = Field(default=0.10, gt=0, le=1)

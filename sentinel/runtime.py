@@ -77,12 +77,13 @@ class Runtime:
                                assignments=lambda: holder[0].assignments)
         errors: dict[str, int] = {}
         detection = DetectionEngine(ctx, load_detectors(settings), incidents, errors)
+        commands = CommandQueue()
         remediation = RemediationEngine(factory=factory, settings=settings, clock=clock, fleet=fleet, jobs=jobs,
-                                        incidents=incidents)
+                                        incidents=incidents, commands=commands)
         incidents.listeners.append(remediation.on_incident)
         ctx.restarting = remediation.is_restarting
         runtime = cls(settings=settings, clock=clock, engine=engine, factory=factory, fleet=fleet,
-                      samples=samples, ingest=ingest, tokens=TokenCache(factory), commands=CommandQueue(),
+                      samples=samples, ingest=ingest, tokens=TokenCache(factory), commands=commands,
                       jobs=jobs, history=history, incidents=incidents, detection=detection, dispatcher=dispatcher,
                       remediation=remediation, plugin_errors=errors)
         holder.append(runtime)
@@ -101,6 +102,7 @@ class Runtime:
             self.remediation.load(session)
         self.ingest.listeners.append(self._on_report)
         self.ingest.listeners.append(self.detection.on_report)
+        self.ingest.listeners.append(self.remediation.on_report)
         self.ingest.writer.start()
         self.detection.start()
         self.remediation.start()

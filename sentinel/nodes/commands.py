@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import threading
+from typing import Literal
 
 from sentinel.telemetry.schemas import NodeCommand
 
@@ -17,8 +18,9 @@ class CommandQueue:
         self._ids = itertools.count(1)
         self._lock = threading.Lock()
 
-    def push(self, node: str, *, kind: str, accelerator_index: int, fault: str, argument: float | None) -> NodeCommand:
-        command = NodeCommand(id=f"cmd-{next(self._ids)}", kind="inject", accelerator_index=accelerator_index,
+    def push(self, node: str, *, kind: Literal["inject", "probe"], accelerator_index: int, fault: str,
+             argument: float | None) -> NodeCommand:
+        command = NodeCommand(id=f"cmd-{next(self._ids)}", kind=kind, accelerator_index=accelerator_index,
                               fault=fault, argument=argument)
         with self._lock:
             self._pending.setdefault(node, []).append(command)

@@ -41,6 +41,7 @@ from sentinel.incidents.models import Incident
 from sentinel.incidents.schemas import IncidentOut
 from sentinel.jobs.models import Job, Task
 from sentinel.jobs.telemetry import JobTelemetry
+from sentinel.nodes.commands import CommandQueue
 from sentinel.nodes.live import Fleet
 from sentinel.nodes.models import Node
 from sentinel.nodes.service import set_admin_state
@@ -82,13 +83,15 @@ def load_executors(settings: Settings) -> list[Executor]:
 
 class RemediationEngine:
     def __init__(self, *, factory: sessionmaker[Session], settings: Settings, clock: Clock, fleet: Fleet,
-                 jobs: JobTelemetry, incidents: Incidents):
+                 jobs: JobTelemetry, incidents: Incidents, commands: CommandQueue | None = None):
         self._factory = factory
         self.settings = settings
         self.clock = clock
         self.fleet = fleet
         self.jobs = jobs
         self.incidents = incidents
+        self.commands = commands
+        self._probes: dict[str, tuple[int, float]] = {}  # accelerator → (incident, asked at): awaiting a result
         self.breaker = Breaker(settings)
         self.board = OrderBoard()
         self.policy = load_policy(settings.placement_policy)
@@ -97,7 +100,7 @@ class RemediationEngine:
         self.recovery_seconds: dict[int, float] = {}  # job → its last recovery, fault observed → stepping again
         self._restarting: dict[int, int] = {}  # job → attempt ordered and not yet stepping
         self._counts_lock = threading.Lock()
-        self._queue: queue.SimpleQueue[int | threading.Event | None] = queue.SimpleQueue()
+        self._queue: queue.SimpleQueue[int | tuple[str, float | None] | threading.Event | None] = queue.SimpleQueue()
         self._worker: threading.Thread | None = None
         self._act_lock = threading.Lock()
 
@@ -138,9 +141,13 @@ class RemediationEngine:
                 item.set()
                 continue
             try:
-                self.handle(item)
+                if isinstance(item, tuple):
+                    with self._act_lock:
+                        self.probe_result(*item)
+                else:
+                    self.handle(item)
             except Exception:
-                log.exception("remediation failed: incident=%d", item)
+                log.exception("remediation failed: item=%s", item)
                 self._count("handle", "failed")
 
     def is_restarting(self, job_id: int, attempt: int) -> bool:
@@ -178,6 +185,8 @@ class RemediationEngine:
                 self.take_out(incident_id, uuids, drain=node)
             elif action == "page" and wide_nodes:
                 self.fleet_wide(incident_id, uuids, wide_nodes)
+            elif action == "probe" and uuid:
+                self.probe(incident_id, uuid)
             elif action == "restart_task" and job_id is not None:
                 self.restart_in_place(incident_id, job_id, after_failure=detector == "task_exit")
 
@@ -450,12 +459,73 @@ class RemediationEngine:
                                                      f"{stepped - since:.1f}s after the fault was observed"))
                 log.warning("job recovered: job=%d attempt=%d order=%s recovery=%.2fs", order.job_id, order.attempt,
                             order.id, stepped - since)
-        for incident_id, line in late:
-            if incident_id is not None:
-                self.incidents.annotate(incident_id, line, severity="critical")
-        for incident_id, line in recovered:
-            if incident_id is not None:
-                self.incidents.annotate(incident_id, line)
+        for uuid, (probed, asked) in list(self._probes.items()):
+            if self.clock.time() - asked > self.settings.probe_timeout_seconds:
+                self._probes.pop(uuid, None)
+                late.append((probed, f"no probe result for {uuid} within "
+                                     f"{self.settings.probe_timeout_seconds:g}s; it stays suspect"))
+        for target, line in late:
+            if target is not None:
+                self.incidents.annotate(target, line, severity="critical")
+        for target, line in recovered:
+            if target is not None:
+                self.incidents.annotate(target, line)
+
+    # -- verify before acting on statistical evidence ----------------------------------------------------
+    def probe(self, incident_id: int, uuid: str) -> None:
+        """Mark the accelerator suspect and ask its agent for a microbenchmark; act on the result."""
+        out = Outcome()
+        with transaction(self._factory) as session:
+            acc = session.scalar(select(Accelerator).where(Accelerator.uuid == uuid))
+            node = session.get(Node, acc.node_id) if acc is not None else None
+            if acc is None or node is None or acc.health != "healthy" or uuid in self._probes:
+                return
+            if self._blocked_by_breaker(session, incident_id, out, "probe"):
+                pass
+            elif self.settings.remediation_dry_run:
+                self._record(session, incident_id, "probe", uuid, "dry_run", "")
+                out.lines.append(f"dry run: would mark {uuid} suspect and probe it")
+            elif self.commands is None:
+                out.lines.append(f"accelerator {uuid} is suspect; this server cannot reach agents to probe it")
+            else:
+                set_health(session, acc, health="suspect", reason=f"incident #{incident_id}: probing",
+                           actor="sentinel", incident_id=incident_id)
+                self.commands.push(node.name, kind="probe", accelerator_index=acc.index, fault="probe",
+                                   argument=None)
+                self._probes[uuid] = (incident_id, self.clock.time())
+                self._record(session, incident_id, "probe", uuid, "done", f"asked {node.name}")
+                out.lines.append(f"accelerator {uuid} is suspect: probing it (a short GEMM through the agent on "
+                                 f"{node.name}) before acting; below {self.settings.probe_threshold:.0%} of its "
+                                 "expected rate it is quarantined")
+        self._finish(incident_id, out)
+
+    def on_report(self, live: Any, report: Any, exits: Any) -> None:
+        """Ingest listener: probe results go to the remediation thread."""
+        for event in report.events:
+            if event.kind == "probe" and event.accelerator_uuid in self._probes:
+                self._queue.put((event.accelerator_uuid, event.value))
+
+    def probe_result(self, uuid: str, value: float | None) -> None:
+        incident_id, _ = self._probes.pop(uuid, (None, 0.0))
+        if incident_id is None:
+            return
+        if value is not None and value < self.settings.probe_threshold:
+            out = self.take_out(incident_id, [uuid], drain=None)
+            self.incidents.annotate(incident_id, f"probe confirmed: {uuid} reached {value:.0%} of its expected rate"
+                                    + ("" if out.lines else "; nothing else to do"))
+            return
+        with transaction(self._factory) as session:
+            acc = session.scalar(select(Accelerator).where(Accelerator.uuid == uuid))
+            if acc is not None and acc.health == "suspect":
+                set_health(session, acc, health="healthy", reason="probe passed" if value is not None
+                           else "probe unavailable", actor="sentinel", incident_id=incident_id)
+        if value is None:
+            line = (f"{uuid} could not be probed by its source; it stays in service — a person should run "
+                    "`dcgmi diag -r 2` on it")
+        else:
+            line = (f"probe passed: {uuid} reached {value:.0%} of its expected rate; not quarantined — look "
+                    "elsewhere: the rank's input pipeline, its network path, or the job itself")
+        self.incidents.annotate(incident_id, line)
 
     def _stepped(self, job_id: int, attempt: int) -> float | None:
         """When a rank of the job's `attempt` (or later) first made step progress, from job telemetry."""

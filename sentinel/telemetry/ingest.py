@@ -28,7 +28,7 @@ log = logging.getLogger("sentinel.ingest")
 
 EVENT_SEVERITY = {"xid": "critical", "ecc": "critical", "offline": "critical", "remap": "critical",
                   "hang": "warning", "slow": "warning", "thermal": "warning", "power": "warning",
-                  "clear": "info", "other": "info"}
+                  "clear": "info", "probe": "info", "other": "info"}
 
 # Plain Core tables: the writer inserts a whole batch's rows with one executemany.
 RECEIPTS = cast(Table, ReportReceipt.__table__)
@@ -168,7 +168,8 @@ class Ingest:
                 {"kind": e.kind, "severity": EVENT_SEVERITY[e.kind], "node_id": live.id,
                  "accelerator_uuid": e.accelerator_uuid, "job_id": None,
                  "message": e.message or f"{e.kind} reported by agent",
-                 "data": {"xid": e.xid, "seq": report.seq} if e.xid is not None else {"seq": report.seq},
+                 "data": {"seq": report.seq, **({"xid": e.xid} if e.xid is not None else {}),
+                          **({"value": e.value} if e.value is not None else {})},
                  "observed_at": to_datetime(e.observed_at), "recorded_at": received}
                 for e in report.events]))
         if not coming_back and not report.task_exits:

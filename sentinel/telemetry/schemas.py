@@ -17,8 +17,8 @@ Count = Annotated[int, Field(ge=0, le=2**63 - 1)]
 Bytes = Annotated[int, Field(ge=0, le=2**63 - 1)]
 Label = Annotated[str, Field(max_length=256)]
 
-EVENT_KINDS = ("xid", "ecc", "thermal", "power", "offline", "hang", "slow", "remap", "clear", "other")
-EventKind = Literal["xid", "ecc", "thermal", "power", "offline", "hang", "slow", "remap", "clear", "other"]
+EVENT_KINDS = ("xid", "ecc", "thermal", "power", "offline", "hang", "slow", "remap", "clear", "probe", "other")
+EventKind = Literal["xid", "ecc", "thermal", "power", "offline", "hang", "slow", "remap", "clear", "probe", "other"]
 
 
 class WireModel(BaseModel):
@@ -95,6 +95,8 @@ class HardwareEvent(WireModel):
     xid: Annotated[int, Field(ge=0, le=100_000)] | None = None
     message: Annotated[str, Field(max_length=1024)] = ""
     observed_at: Annotated[float, Field(ge=0.0)]
+    # probe: achieved ÷ expected performance of the accelerator (None: this source cannot probe)
+    value: Annotated[float, Field(ge=0.0, le=1e6)] | None = None
 
 
 Seconds = Annotated[float, Field(ge=0.0, le=1e9)]
@@ -207,7 +209,7 @@ class NodeCommand(BaseModel):
     """An instruction for the agent, e.g. a fault drill on a simulated accelerator."""
 
     id: str
-    kind: Literal["inject"]
+    kind: Literal["inject", "probe"]
     accelerator_index: int
     fault: str
     argument: float | None = None

@@ -4,6 +4,7 @@ import os
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 
@@ -102,3 +103,39 @@ def test_a_task_s_children_count_toward_its_load():
         parent.wait()
     with pytest.raises(Exception):  # noqa: B017 - psutil.NoSuchProcess once the tree is gone
         descendants(parent.pid)
+
+
+def test_a_probe_reports_the_share_of_its_rate_the_fault_leaves():
+    sim = SimCollector(3, "n1")
+    sim.inject(1, "slow", 2.0)
+    sim.inject(2, "hang")
+    values = [sim.probe(i).value for i in range(3)]
+    assert values == [1.0, 0.5, 0.0]
+    event = sim.probe(1)
+    assert event.kind == "probe" and event.accelerator_uuid == sim.uuid(1) and "simulated" in event.message
+    with pytest.raises(ValueError):
+        sim.probe(3)
+
+
+def test_a_hang_freezes_the_tasks_on_it_and_clear_lets_them_go():
+    child = subprocess.Popen([sys.executable, "-c", "import time\nwhile True: time.sleep(0.01)"])
+    try:
+        sim = SimCollector(1, "n1")
+        sim.collect([Assignment(job_id=1, rank=0, pid=child.pid, accelerators=[sim.uuid(0)])])
+        sim.inject(0, "hang")
+
+        def state() -> str:
+            return Path(f"/proc/{child.pid}/stat").read_text().split(") ")[1][0]
+
+        deadline = time.monotonic() + 5
+        while state() != "T" and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert state() == "T", "stopped, as a process blocked on a hung accelerator"
+        sim.inject(0, "clear")
+        deadline = time.monotonic() + 5
+        while state() == "T" and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert state() != "T"
+    finally:
+        child.kill()
+        child.wait()

@@ -11,6 +11,7 @@ import pytest
 from fastapi.testclient import TestClient
 
 from sentinel.config import Settings
+from sentinel.detection.base import Detector, Evaluation, Finding, Subject
 from sentinel.runtime import Runtime
 from tests.conftest import FakeClock, bearer
 from tests.factories import registration, report
@@ -243,3 +244,47 @@ def test_a_serving_replica_is_replaced_not_restarted(client, fleet, admin_token,
     xid(client, fleet, 95, slot["accelerators"][0], clock)
     [order] = client.get(f"/api/v1/jobs/{job['id']}/orders", headers=launcher).json()
     assert order["kind"] == "replace_replica" and order["placement"][0]["accelerators"] != slot["accelerators"]
+
+
+class Suspect(Detector):
+    """Stands in for the straggler detector: statistical evidence against one accelerator."""
+
+    name = "test_suspect"
+    periodic = True
+    uuid = ""
+
+    def evaluate(self, ctx, now):  # type: ignore[no-untyped-def]
+        finding = Finding(detector=self.name, key=f"acc={self.uuid}", severity="warning", title="slow rank",
+                          layer="compute", subject=Subject(node=self.uuid.rsplit("-", 1)[0].removeprefix("SIM-"),
+                                                           accelerator=self.uuid),
+                          seen="median step 40% above its peers", action="probe", observed_at=now)
+        return Evaluation([finding] if self.uuid else [], subjects=4)
+
+
+@pytest.mark.parametrize(("achieved", "quarantined"), [(0.3, True), (0.97, False)])
+def test_statistical_evidence_is_probed_before_anything_is_quarantined(client, fleet, admin_token, clock,
+                                                                      achieved, quarantined):
+    victim = fleet["placement"][1]["accelerators"][0]
+    node = fleet["placement"][1]["node"]
+    detector = Suspect(rt(client).settings)
+    detector.uuid = victim
+    rt(client).detection.detectors[detector.name] = detector
+    rt(client).detection.evaluate()
+    settle(client)
+    assert health(client, admin_token)[victim] == "suspect"
+    [command] = client.get(f"/api/v1/nodes/{node}/commands", headers=fleet["agent"]).json()
+    assert command["kind"] == "probe" and command["accelerator_index"] == int(victim.rsplit("-", 1)[1])
+
+    fleet["seq"][0] += 1
+    body = report(node=node, seq=fleet["seq"][0], interval=1.0, events=[
+        {"kind": "probe", "accelerator_uuid": victim, "value": achieved, "observed_at": clock.time()}])
+    assert client.post(f"/api/v1/nodes/{node}/reports", json=body, headers=fleet["agent"]).status_code == 200
+    settle(client)
+    text = timeline(client, admin_token, "test_suspect")
+    orders = client.get(f"/api/v1/jobs/{fleet['job']}/orders", headers=fleet["launcher"]).json()
+    if quarantined:
+        assert health(client, admin_token)[victim] == "quarantined" and len(orders) == 1
+        assert "probe confirmed" in text and "30%" in text
+    else:
+        assert health(client, admin_token)[victim] == "healthy" and orders == []
+        assert "probe passed" in text and "not quarantined" in text

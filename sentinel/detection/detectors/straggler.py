@@ -101,7 +101,8 @@ class StragglerDetector(Detector):
                                 "limit_seconds": round(limit, 6)},
                       "accelerators": devices},
             next_steps=_next_steps(rank, node, uuids, bool(throttled)),
-            observed_at=onset)
+            # statistical evidence: probe the accelerator before acting on it (DESIGN §4)
+            action="probe" if accelerator else "record", observed_at=onset)
 
 
 def _describe_peers(medians: dict[int, float], job_median: float, mad: float) -> str:
