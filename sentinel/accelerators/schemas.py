@@ -19,6 +19,8 @@ class AcceleratorOut(BaseModel):
     simulated: bool
     health: str
     health_reason: str
+    health_incident_id: int | None = None
+    health_changed_at: datetime | None = None
     present: bool
     sampled_at: datetime | None = None
     latest: AcceleratorSample | None = None

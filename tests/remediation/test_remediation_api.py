@@ -288,3 +288,44 @@ def test_statistical_evidence_is_probed_before_anything_is_quarantined(client, f
     else:
         assert health(client, admin_token)[victim] == "healthy" and orders == []
         assert "probe passed" in text and "not quarantined" in text
+
+
+def test_an_order_is_pushed_to_the_launchers_webhook_signed(client, fleet, admin_token, make_token, clock):
+    import hashlib
+    import hmac
+    import json as jsonlib
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    got: list[tuple[dict[str, str], bytes]] = []
+
+    class Hook(BaseHTTPRequestHandler):
+        def do_POST(self) -> None:
+            got.append((dict(self.headers), self.rfile.read(int(self.headers["Content-Length"]))))
+            self.send_response(204)
+            self.end_headers()
+
+        def log_message(self, *_: Any) -> None:
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Hook)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        rt(client).settings.order_webhook_secret = "launcher-secret"
+        launcher = fleet["launcher"]
+        url = f"http://127.0.0.1:{server.server_address[1]}/orders"
+        job = client.post("/api/v1/jobs", json={"name": "hooked", "world_size": 1,
+                                                "attributes": {"order_webhook": url}}, headers=launcher).json()
+        [slot] = client.post(f"/api/v1/jobs/{job['id']}/placement", json={}, headers=launcher).json()
+        client.post(f"/api/v1/jobs/{job['id']}/tasks", headers=launcher,
+                    json={"rank": 0, "node": slot["node"], "accelerators": slot["accelerators"], "pid": 3000})
+        xid(client, fleet, 48, slot["accelerators"][0], clock)
+        deadline = time.monotonic() + 5
+        while not got and time.monotonic() < deadline:
+            time.sleep(0.02)
+        [(headers, body)] = got
+        expected = "sha256=" + hmac.new(b"launcher-secret", body, hashlib.sha256).hexdigest()
+        assert hmac.compare_digest(headers["X-Sentinel-Signature"], expected)
+        order = jsonlib.loads(body)["order"]
+        assert order["job_id"] == job["id"] and headers["Idempotency-Key"] == order["id"]
+    finally:
+        server.shutdown()
