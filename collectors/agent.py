@@ -168,7 +168,12 @@ class Agent:
 
     def _on_ack(self, ack: ReportAck) -> None:
         with self._lock:
+            before = {(a.job_id, a.rank, a.pid) for a in self.assignments}
             self.assignments = list(ack.assignments)
+        now = {(a.job_id, a.rank, a.pid) for a in ack.assignments}
+        if now != before:
+            log.info("assignments changed: node=%s seq=%d tasks=%s", self.config.node, ack.seq,
+                     " ".join(f"job{j}/rank{r}/pid{p}" for j, r, p in sorted(now, key=str)) or "none")
         for task in ack.assignments:
             if task.pid:
                 self.exits.watch(task.pid, task.job_id, task.rank)

@@ -8,6 +8,7 @@ a poller notices the process is gone within `poll_seconds`, without a code.
 
 from __future__ import annotations
 
+import errno
 import logging
 import os
 import socket
@@ -174,7 +175,10 @@ class ExitWatcher:
                 data = self._sock.recv(8192)
             except TimeoutError:
                 continue
-            except OSError:
+            except OSError as exc:
+                if exc.errno == errno.ENOBUFS:  # a burst of thread exits overflowed the socket: events were lost;
+                    log.warning("process-events connector overflowed; the poller catches the exits it missed")
+                    continue  # keep listening (the 1 s poller finds the ended pids)
                 return
             exit_event = parse_exit(data)
             if exit_event is not None:

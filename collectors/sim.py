@@ -147,6 +147,12 @@ class SimCollector(Collector):
         self._placed = load
         samples = []
         with self._lock:
+            for index, faults in enumerate(self._faults):
+                if faults.hang:  # a hung accelerator hangs whatever is placed on it later, too
+                    stopped = self._stopped.setdefault(index, [])
+                    fresh = [p for p in load.get(self._infos[index].uuid, []) if p not in stopped]
+                    if fresh:
+                        stopped.extend(self._signal_tasks(self._infos[index].uuid, signal.SIGSTOP, fresh))
             for info, faults in zip(self._infos, self._faults, strict=True):
                 if faults.offline:
                     continue
@@ -235,11 +241,14 @@ class SimCollector(Collector):
         return HardwareEvent(kind="probe", accelerator_uuid=uuid, value=ratio, observed_at=self._clock(),
                              message=f"GEMM probe: {ratio:.0%} of the expected rate (simulated)")
 
-    def _signal_tasks(self, uuid: str, sig: int) -> list[int]:
+    def _signal_tasks(self, uuid: str, sig: int, pids: list[int] | None = None) -> list[int]:
         """A hung accelerator hangs its tasks: they stay alive but stop making progress (SIGSTOP), as a
         process blocked in a kernel that never returns would. `clear` lets them go on (SIGCONT)."""
         done = []
-        for pid in self._placed.get(uuid, []):
+        targets = self._placed.get(uuid, []) if pids is None else pids
+        if targets:
+            log.info("sim %s: the tasks on %s: pids=%s", signal.Signals(sig).name, uuid, targets)
+        for pid in targets:
             try:
                 os.kill(pid, sig)
                 done.append(pid)

@@ -165,7 +165,7 @@ def cmd_launch(args: argparse.Namespace) -> int:
     if argv and argv[0] == "--":
         argv = argv[1:]
     launcher = Launcher(_client(args), name=args.job, nproc=args.nproc, argv=argv, kind=args.kind,
-                        nodes=args.node or [], warm=not args.cold, preload=args.preload or ["torch"])
+                        nodes=args.node or [], warm=not args.cold, preload=args.preload)
     return launcher.run()
 
 
@@ -260,7 +260,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--kind", default="training", choices=["training", "serving"])
     p.add_argument("--node", action="append", help="place only on these nodes (their agents run here)")
     p.add_argument("--cold", action="store_true", help="no warm standbys: every restart starts fresh processes")
-    p.add_argument("--preload", action="append", help="module standbys import ahead (default torch)")
+    p.add_argument("--preload", action="append",
+                   help="module standbys import ahead; repeat (default: torch, torch.distributed, DDP, torch._dynamo)")
     p.add_argument("cmd", nargs=argparse.REMAINDER, help="the command of one rank, after --")
     p.set_defaults(fn=cmd_launch)
 

@@ -131,10 +131,10 @@ class Runtime:
             self.refresh_assignments()
 
     def refresh_assignments(self) -> None:
-        with self.factory() as session:
-            fresh = assignments_by_node(session)
-        with self.assignments_lock:
-            self.assignments = fresh
+        """Re-read running tasks. Serialised, query included: two refreshes racing (a task exit and a task
+        registration) must not let the older read overwrite the newer one."""
+        with self.assignments_lock, self.factory() as session:
+            self.assignments = assignments_by_node(session)
 
     def bootstrap_admin_token(self) -> None:
         """On an empty database, make the first admin token and say once where it is. No default secret exists."""

@@ -433,6 +433,8 @@ class RemediationEngine:
         """Escalate orders nobody acted on in time; notice jobs stepping again after an order."""
         now = self._now()
         late: list[tuple[int | None, str]] = []
+        settled: list[tuple[int, str]] = []  # handled incidents that are not latched: resolved, so a new
+        # occurrence of the same condition opens a new incident (and is acted on again)
         recovered: list[tuple[int | None, str]] = []
         with transaction(self._factory) as session:
             for order in session.scalars(select(Order).where(Order.state == "pending", Order.escalated.is_(False),
@@ -455,6 +457,9 @@ class RemediationEngine:
                 since = incident.observed_at.timestamp() if incident else order.created_at.timestamp()
                 self.recovery_seconds[order.job_id] = stepped - since
                 order.result = f"stepping again {stepped - since:.1f}s after the fault was observed"
+                if incident is not None and not incident.latched and incident.state != "resolved":
+                    settled.append((incident.id, f"recovered: job {order.job_id} stepping again (attempt "
+                                                 f"{order.attempt})"))
                 recovered.append((order.incident_id, f"job {order.job_id} is stepping again (attempt {order.attempt}), "
                                                      f"{stepped - since:.1f}s after the fault was observed"))
                 log.warning("job recovered: job=%d attempt=%d order=%s recovery=%.2fs", order.job_id, order.attempt,
@@ -470,6 +475,8 @@ class RemediationEngine:
         for target, line in recovered:
             if target is not None:
                 self.incidents.annotate(target, line)
+        for target, reason in settled:
+            self.incidents.resolve(target, actor="sentinel", reason=reason)
 
     # -- verify before acting on statistical evidence ----------------------------------------------------
     def probe(self, incident_id: int, uuid: str) -> None:

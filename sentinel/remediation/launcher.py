@@ -36,6 +36,10 @@ from sentinel.client import ApiError, SentinelClient
 
 log = logging.getLogger("sentinel.launch")
 
+# What a torch job imports before its first step. torch._dynamo matters most: DistributedDataParallel's
+# constructor imports it, ~1 s on a small machine, and that would be paid on every restart.
+DEFAULT_PRELOAD = ["torch", "torch.distributed", "torch.nn.parallel", "torch._dynamo"]
+
 
 def free_port() -> int:
     with socket.socket() as s:
@@ -67,7 +71,7 @@ class Launcher:
         self.client = client
         self.name, self.nproc, self.argv, self.kind = name, nproc, argv, kind
         self.nodes = nodes or []
-        self.preload = preload if preload is not None else ["torch"]
+        self.preload = preload if preload is not None else list(DEFAULT_PRELOAD)
         self.poll_seconds = poll_seconds
         self.out = out
         self.job_id = 0
