@@ -29,6 +29,7 @@ from sentinel.nodes.liveness import flush_liveness
 from sentinel.remediation.api import router as remediation_router
 from sentinel.runtime import Runtime
 from sentinel.scheduler import build_scheduler
+from sentinel.ui.api import router as ui_router
 
 log = logging.getLogger("sentinel.server")
 
@@ -69,6 +70,7 @@ def create_app(settings: Settings, clock: Clock | None = None, *, migrate: bool 
                    incidents_router, alerting_router, remediation_router):
         api.include_router(router)
     app.include_router(api)
+    app.include_router(ui_router)  # the status page: /ui
 
     @app.get("/healthz", tags=["health"])
     def healthz() -> dict[str, str]:

@@ -1,0 +1,1 @@
+"""The server's own read-only status page (GET /ui) for people without Grafana."""
