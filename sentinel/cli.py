@@ -16,6 +16,7 @@ import httpx
 from sentinel.client import ApiError, SentinelClient, resolve_token
 from sentinel.config import load_settings
 from sentinel.console import human_bytes, table
+from sentinel.grafana import cli as grafana_cli
 from sentinel.incidents import cli as incidents_cli
 
 LOG_FORMAT = "%(asctime)s %(levelname)-7s %(name)s: %(message)s"
@@ -251,6 +252,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(fn=cmd_jobs)
 
     incidents_cli.add_parsers(sub, _remote)
+    grafana_cli.add_parser(sub, _remote)
 
     p = sub.add_parser("launch", help="run a job's ranks here and carry out Sentinel's orders",
                        usage="sentinel launch --job NAME --nproc N [options] -- python train.py ...")
