@@ -6,7 +6,7 @@ from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
 from prometheus_client import CollectorRegistry
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from sentinel.accelerators.service import count_by_health
@@ -19,7 +19,7 @@ class FleetCollector(Collector):
     def __init__(self, runtime: Runtime):
         self._rt = runtime
 
-    def collect(self) -> Iterator[GaugeMetricFamily | CounterMetricFamily]:
+    def collect(self) -> Iterator[Metric]:
         nodes = GaugeMetricFamily("sentinel_nodes", "Nodes by state", labels=["state"])
         for state, count in self._rt.fleet.count_by_state().items():
             nodes.add_metric([state], count)
@@ -72,7 +72,7 @@ class JobCollector(Collector):
     def __init__(self, runtime: Runtime):
         self._rt = runtime
 
-    def collect(self) -> Iterator[GaugeMetricFamily | CounterMetricFamily]:
+    def collect(self) -> Iterator[Metric]:
         from sentinel.jobs.api import job_metrics
         from sentinel.jobs.service import JobNotFound, current_placement, get_job
 
@@ -85,8 +85,7 @@ class JobCollector(Collector):
             ("memory_peak_bytes", "Highest memory in use by any rank"),
             ("memory_capacity_bytes", "Memory of the accelerators a rank runs on"),
         )}
-        step = GaugeMetricFamily("sentinel_job_step_seconds", "Step time over the recent window",
-                                 labels=[*labels, "quantile"])
+        step = Metric("sentinel_job_step_seconds", "Step time over the recent window", "summary")
         rank_step = GaugeMetricFamily("sentinel_job_rank_step_seconds", "Median step time per rank",
                                       labels=[*labels, "rank"])
         rank_share = GaugeMetricFamily("sentinel_job_rank_allreduce_time_ratio", "Collective share per rank",
@@ -96,6 +95,10 @@ class JobCollector(Collector):
         recovered = GaugeMetricFamily("sentinel_job_recovery_seconds",
                                       "Last recovery: fault observed to the job stepping again", labels=labels)
         recovery = dict(self._rt.remediation.recovery_seconds)
+        lost = CounterMetricFamily("sentinel_job_lost_steps", "Steps recomputed after restarts", labels=labels)
+        goodput = GaugeMetricFamily("sentinel_job_goodput_ratio",
+                                    "1 − (recovery time + recomputed steps × median step) ÷ time since the job started",
+                                    labels=labels)
         try:
             with self._rt.factory() as session:
                 jobs = []
@@ -118,7 +121,10 @@ class JobCollector(Collector):
                     g[name].add_metric(lv, float(value))
             for q, value in (("0.5", m.step_seconds_p50), ("0.95", m.step_seconds_p95)):
                 if value is not None:
-                    step.add_metric([*lv, q], value)
+                    step.add_sample("sentinel_job_step_seconds", {"job": lv[0], "kind": lv[1], "quantile": q}, value)
+            if m.steps_in_window:
+                step.add_sample("sentinel_job_step_seconds_count", {"job": lv[0], "kind": lv[1]}, m.steps_in_window)
+                step.add_sample("sentinel_job_step_seconds_sum", {"job": lv[0], "kind": lv[1]}, m.step_seconds_sum)
             for r in m.ranks:
                 if r.step_seconds_p50 is not None:
                     rank_step.add_metric([*lv, str(r.rank)], r.step_seconds_p50)
@@ -128,8 +134,11 @@ class JobCollector(Collector):
                 failures.add_metric([*lv, reason], count)
             if job.id in recovery:
                 recovered.add_metric(lv, recovery[job.id])
+            lost.add_metric(lv, m.lost_steps_total)
+            if m.goodput_ratio is not None:
+                goodput.add_metric(lv, m.goodput_ratio)
         yield from g.values()
-        yield from (step, rank_step, rank_share, failures, recovered)
+        yield from (step, rank_step, rank_share, failures, recovered, lost, goodput)
 
 
 class ReliabilityCollector(Collector):
@@ -147,8 +156,8 @@ class ReliabilityCollector(Collector):
             return
         faults, days = sum(r[1] for r in rows), sum(r[2] for r in rows)
         if days > 0:
-            yield GaugeMetricFamily("sentinel_fleet_hardware_faults_per_1000_accelerator_days",
-                                    "Hardware faults per 1,000 accelerator-days since registration",
+            yield GaugeMetricFamily("sentinel_fleet_hardware_fault_rate",
+                                    "Hardware faults per 1,000 accelerator-days since registration (Meta's unit)",
                                     value=1000.0 * faults / days)
         per_node = GaugeMetricFamily("sentinel_node_hardware_faults", "Hardware faults recorded per node",
                                      labels=["node"])

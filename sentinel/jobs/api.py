@@ -67,7 +67,11 @@ def job_metrics(rt: Runtime, job_id: int, created_at: datetime, placement: dict[
                           step_seconds_p95=None, tokens_per_second=None, mfu_ratio=None, allreduce_time_ratio=None,
                           allreduce_exposed_ratio=None, memory_peak_bytes=None, memory_capacity_bytes=None,
                           task_failures={}, task_failures_total=0, failures_per_hour=None, ranks=[])
-    return summary
+    recovery = rt.remediation.recovery_total.get(job_id, 0.0)
+    running = rt.clock.time() - created_at.timestamp()
+    wasted = recovery + summary.lost_steps_total * (summary.step_seconds_p50 or 0.0)
+    goodput = max(0.0, 1.0 - wasted / running) if running > 0 and summary.step_seconds_p50 is not None else None
+    return summary.model_copy(update={"recovery_seconds_total": recovery, "goodput_ratio": goodput})
 
 
 @router.post("/{job_id}/tasks", response_model=TaskOut, status_code=201)

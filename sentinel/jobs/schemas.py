@@ -87,6 +87,11 @@ class JobMetrics(BaseModel):
     window_seconds: float
     step_seconds_p50: float | None
     step_seconds_p95: float | None
+    steps_in_window: int = 0
+    step_seconds_sum: float = 0.0
+    lost_steps_total: int = 0  # steps recomputed after restarts (the work a restart threw away)
+    recovery_seconds_total: float = 0.0  # fault observed → stepping again, summed over recoveries
+    goodput_ratio: float | None = None  # 1 − (recovery time + recomputed steps × p50 step) ÷ time since start
     tokens_per_second: float | None
     mfu_ratio: float | None
     allreduce_time_ratio: float | None

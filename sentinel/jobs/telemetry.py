@@ -57,6 +57,7 @@ class RankStats:
     recent: deque[tuple[float, float]] = field(default_factory=lambda: deque(maxlen=STEP_WINDOW))
     last_progress_at: float | None = None  # when last_step last moved forward
     first_progress_at: float | None = None  # when this attempt first moved forward (recovery is measured to it)
+    previous_last_step: int | None = None  # where the attempt before this one had got to
     ended: bool = False  # its process exited; a hung rank is one whose process still lives
 
 
@@ -67,6 +68,7 @@ class JobStats:
     ranks: dict[int, RankStats] = field(default_factory=dict)
     failures: dict[str, int] = field(default_factory=dict)
     first_seen: float = 0.0
+    lost_by_attempt: dict[int, int] = field(default_factory=dict)  # steps recomputed after each restart
 
 
 def quantile(values: list[float], q: float) -> float | None:
@@ -112,6 +114,8 @@ class JobTelemetry:
                 if rank is None:
                     rank = stats.ranks[task.rank] = RankStats(task.rank)
                 if rank.pid != task.pid or rank.attempt != task.attempt:
+                    if rank.pid and task.attempt > rank.attempt:
+                        rank.previous_last_step = rank.last_step
                     rank.pid, rank.attempt, rank.attempt_steps = task.pid, task.attempt, 0
                     rank.ended, rank.first_seen, rank.last_progress_at = False, now, None
                     rank.first_progress_at = None
@@ -125,6 +129,11 @@ class JobTelemetry:
                     rank.last_progress_at = now
                     if rank.first_progress_at is None:
                         rank.first_progress_at = min(now, task.first_step_at or now)
+                        if rank.previous_last_step is not None and task.last_step is not None:
+                            resumed_from = task.last_step - task.steps  # 0 when it started over
+                            lost = max(0, rank.previous_last_step - resumed_from)
+                            stats.lost_by_attempt[task.attempt] = max(stats.lost_by_attempt.get(task.attempt, 0),
+                                                                      lost)
                 rank.step_seconds.extend(task.step_seconds)
                 rank.intervals.append(_Interval(now, task.steps, task.tokens, task.busy_seconds,
                                                 task.collective_seconds, task.exposed_collective_seconds))
@@ -172,6 +181,7 @@ class JobTelemetry:
                      for r in sorted(stats.ranks.values(), key=lambda r: r.rank)]
             all_steps = [s for r in stats.ranks.values() for s in r.step_seconds]
             failures = dict(stats.failures)
+            lost = sum(stats.lost_by_attempt.values())
         rates = [r.tokens_per_second for r in ranks if r.tokens_per_second is not None]
         tokens_per_second = sum(rates) if rates else None
         shares = [r.allreduce_time_ratio for r in ranks if r.allreduce_time_ratio is not None]
@@ -182,7 +192,8 @@ class JobTelemetry:
         return JobMetrics(
             job_id=job_id, window_seconds=self.window_seconds,
             step_seconds_p50=quantile(all_steps, 0.5), step_seconds_p95=quantile(all_steps, 0.95),
-            tokens_per_second=tokens_per_second, mfu_ratio=mfu_of(ranks),
+            steps_in_window=len(all_steps), step_seconds_sum=sum(all_steps),
+            lost_steps_total=lost, tokens_per_second=tokens_per_second, mfu_ratio=mfu_of(ranks),
             allreduce_time_ratio=statistics.fmean(shares) if shares else None,
             allreduce_exposed_ratio=statistics.fmean(exposed) if exposed else None,
             memory_peak_bytes=max(peaks) if peaks else None,

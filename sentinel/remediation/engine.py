@@ -98,6 +98,7 @@ class RemediationEngine:
         self.executors = load_executors(settings)
         self.counts: dict[tuple[str, str], int] = {}
         self.recovery_seconds: dict[int, float] = {}  # job → its last recovery, fault observed → stepping again
+        self.recovery_total: dict[int, float] = {}  # job → all its recoveries, summed (for goodput)
         self._restarting: dict[int, int] = {}  # job → attempt ordered and not yet stepping
         self._counts_lock = threading.Lock()
         self._queue: queue.SimpleQueue[int | tuple[str, float | None] | threading.Event | None] = queue.SimpleQueue()
@@ -106,7 +107,15 @@ class RemediationEngine:
 
     # -- lifecycle ---------------------------------------------------------------------------------
     def load(self, session: Session) -> None:
+        """The breaker and counters, and each job's recoveries (rebuilt from completed orders)."""
         self.breaker.load(session)
+        for order, observed in session.execute(
+                select(Order, Incident.observed_at).outerjoin(Incident, Incident.id == Order.incident_id)
+                .where(Order.completed_at.is_not(None)).order_by(Order.completed_at)):
+            assert order.completed_at is not None
+            took = (order.completed_at - (observed or order.created_at)).total_seconds()
+            self.recovery_seconds[order.job_id] = took
+            self.recovery_total[order.job_id] = self.recovery_total.get(order.job_id, 0.0) + took
         for action, result, count in session.execute(
                 select(Remediation.action, Remediation.result, func.count()).group_by(Remediation.action,
                                                                                       Remediation.result)):
@@ -456,12 +465,16 @@ class RemediationEngine:
                 incident = session.get(Incident, order.incident_id) if order.incident_id else None
                 since = incident.observed_at.timestamp() if incident else order.created_at.timestamp()
                 self.recovery_seconds[order.job_id] = stepped - since
+                order.recovery_seconds = stepped - since
+                order.lost_steps = self._lost(order.job_id, order.attempt)
+                self.recovery_total[order.job_id] = self.recovery_total.get(order.job_id, 0.0) + stepped - since
                 order.result = f"stepping again {stepped - since:.1f}s after the fault was observed"
                 if incident is not None and not incident.latched and incident.state != "resolved":
                     settled.append((incident.id, f"recovered: job {order.job_id} stepping again (attempt "
                                                  f"{order.attempt})"))
+                redo = f"; {order.lost_steps} step(s) to recompute" if order.lost_steps else ""
                 recovered.append((order.incident_id, f"job {order.job_id} is stepping again (attempt {order.attempt}), "
-                                                     f"{stepped - since:.1f}s after the fault was observed"))
+                                                     f"{stepped - since:.1f}s after the fault was observed{redo}"))
                 log.warning("job recovered: job=%d attempt=%d order=%s recovery=%.2fs", order.job_id, order.attempt,
                             order.id, stepped - since)
         for uuid, (probed, asked) in list(self._probes.items()):
@@ -533,6 +546,12 @@ class RemediationEngine:
             line = (f"probe passed: {uuid} reached {value:.0%} of its expected rate; not quarantined — look "
                     "elsewhere: the rank's input pipeline, its network path, or the job itself")
         self.incidents.annotate(incident_id, line)
+
+    def _lost(self, job_id: int, attempt: int) -> int | None:
+        for stats in self.jobs.snapshot():
+            if stats.job_id == job_id:
+                return sum(v for a, v in stats.lost_by_attempt.items() if a >= attempt) if stats.lost_by_attempt else 0
+        return None
 
     def _stepped(self, job_id: int, attempt: int) -> float | None:
         """When a rank of the job's `attempt` (or later) first made step progress, from job telemetry."""

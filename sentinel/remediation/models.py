@@ -3,7 +3,7 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import JSON, BigInteger, Boolean, ForeignKey, Integer, String
+from sqlalchemy import JSON, BigInteger, Boolean, Float, ForeignKey, Integer, String
 from sqlalchemy.orm import Mapped, mapped_column
 
 from sentinel.db import Base, UTCDateTime, utcnow
@@ -34,6 +34,9 @@ class Order(Base):
     acknowledged_by: Mapped[str] = mapped_column(String(128), default="")
     completed_at: Mapped[datetime | None] = mapped_column(UTCDateTime, nullable=True)
     result: Mapped[str] = mapped_column(String(1024), default="")
+    # once the job steps again: fault observed → first step, and the steps it recomputes
+    recovery_seconds: Mapped[float | None] = mapped_column(Float, nullable=True)
+    lost_steps: Mapped[int | None] = mapped_column(Integer, nullable=True)
 
 
 class Remediation(Base):

@@ -33,6 +33,8 @@ class OrderOut(BaseModel):
     acknowledged_by: str
     completed_at: datetime | None
     result: str
+    recovery_seconds: float | None = None
+    lost_steps: int | None = None
 
 
 class OrderAck(BaseModel):

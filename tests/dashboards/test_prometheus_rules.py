@@ -48,7 +48,7 @@ SERVER_METRICS = {
     "sentinel_ingest_duplicates_total",
     "sentinel_ingest_rejected_total",
     "sentinel_plugin_errors_total",
-    "sentinel_fleet_hardware_faults_per_1000_accelerator_days",
+    "sentinel_fleet_hardware_fault_rate",
     "sentinel_node_hardware_faults",
     "sentinel_job_mfu_ratio",
     "sentinel_job_allreduce_time_ratio",

@@ -127,3 +127,18 @@ def test_fleet_reliability_counts_hardware_faults_per_1000_accelerator_days(clie
     assert r["nodes"][0]["node"] == "node-a" and r["nodes"][0]["hardware_faults"] == 1
     assert r["accelerator_days"] > 0 and r["faults_per_1000_accelerator_days"] == pytest.approx(
         1000 / r["accelerator_days"])
+
+
+def test_a_restart_counts_the_steps_it_threw_away(client, job, admin_token, clock: FakeClock):
+    job_id, agent = job
+    clock.advance(60)
+    body = report(seq=1, accelerators=0)
+    body["tasks"] = [task(job_id, r, [0.1] * 50, 10, 0.0) for r in range(2)]
+    client.post("/api/v1/nodes/node-a/reports", json=body, headers=agent)
+    body = report(seq=2, accelerators=0)
+    body["tasks"] = [{**task(job_id, r, [0.1] * 5, 10, 0.0), "attempt": 1, "pid": 2000 + r} for r in range(2)]
+    client.post("/api/v1/nodes/node-a/reports", json=body, headers=agent)
+    m = client.get(f"/api/v1/jobs/{job_id}/metrics", headers=bearer(admin_token)).json()
+    assert m["lost_steps_total"] == 50, "attempt 1 started over at step 0 after attempt 0 reached step 50"
+    # 50 recomputed steps of 0.1 s over ~60 s since the job started: goodput ≈ 1 − 5/60
+    assert m["goodput_ratio"] == pytest.approx(1 - 50 * 0.1 / 60, abs=0.02)
