@@ -200,8 +200,8 @@ def cmd_breaker(args: argparse.Namespace) -> int:
 def cmd_demo(args: argparse.Namespace) -> int:
     from sentinel.demo import run_demo
 
-    return run_demo(data_dir=Path(args.data_dir) if args.data_dir else None, port=args.port,
-                    agent_port=args.agent_port, accelerators=args.accelerators, duration=args.duration)
+    return run_demo(data_dir=Path(args.data_dir) if args.data_dir else None, port=args.port, fault=args.fault,
+                    exit_after=args.exit, duration=args.duration)
 
 
 def _remote(p: argparse.ArgumentParser) -> None:
@@ -292,12 +292,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("argument", nargs="?", default=None, help="XID code for xid, factor for slow")
     p.set_defaults(fn=cmd_inject)
 
-    p = sub.add_parser("demo", help="the embedded default: server + a local agent with simulated accelerators")
-    p.add_argument("--data-dir", default=None)
+    p = sub.add_parser("demo", help="the whole story: server, two agents, a DDP job, a fault, the recovery")
+    p.add_argument("--data-dir", default=None, help="default: a fresh temporary directory")
     p.add_argument("--port", type=int, default=9480)
-    p.add_argument("--agent-port", type=int, default=9481)
-    p.add_argument("--accelerators", type=int, default=4)
-    p.add_argument("--duration", type=float, default=None, help="stop after this many seconds")
+    p.add_argument("--fault", default="xid:79", help="xid[:N] (default xid:79), hang or crash")
+    p.add_argument("--exit", action="store_true", help="stop at the end instead of running until Ctrl-C")
+    p.add_argument("--duration", type=float, default=None, help="keep running this many seconds, then stop")
     p.set_defaults(fn=cmd_demo)
     return parser
 

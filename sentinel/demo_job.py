@@ -1,6 +1,7 @@
-"""A 2-rank gloo DDP training job on CPU for the remediation tests and benchmark.
+"""The demo's training job: DDP over gloo on CPU, instrumented by the SDK. `python -m sentinel.demo_job`.
 
-Runs under `sentinel launch` and under `torchrun` alike: the store is prefixed per attempt
+Used by `sentinel demo`, the remediation tests and benchmarks/recovery.py. Runs under `sentinel launch`
+and under `torchrun` alike: the store is prefixed per attempt
 (TORCHELASTIC_RESTART_COUNT), so a restarted attempt never meets the old one's keys (ENVIRONMENT.md).
 Every step appends "rank attempt step wall_time" to OUT_DIR/steps.log, so a benchmark can time the
 first step after a restart without trusting Sentinel's own numbers. STEPS=0 steps until killed.

@@ -59,14 +59,3 @@ def test_status_without_a_server_says_so(tmp_path: Path):
     result = subprocess.run(sentinel_cmd("status", "--server", f"http://127.0.0.1:{free_port()}", "--token", "x"),
                             env=env, capture_output=True, text=True, timeout=60)
     assert result.returncode == 1 and "cannot reach the server" in result.stderr
-
-
-def test_demo_starts_server_and_agent_and_says_where_to_look(tmp_path: Path):
-    result = subprocess.run(sentinel_cmd("demo", "--data-dir", str(tmp_path), "--port", str(free_port()),
-                                         "--agent-port", str(free_port()), "--duration", "3"),
-                            env={**os.environ}, capture_output=True, text=True, timeout=120)
-    assert result.returncode == 0, result.stdout + result.stderr
-    assert "SIMULATED accelerators" in result.stdout
-    assert "/docs" in result.stdout and "agent metrics" in result.stdout and "demo stopped" in result.stdout
-    log = (tmp_path / "demo.log").read_text()
-    assert "registered with server: node=demo-node-1 accelerators=4" in log

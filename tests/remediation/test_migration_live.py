@@ -22,7 +22,7 @@ import pytest
 from tests.live import LiveServer, Receiver, free_port, sentinel_cmd, wait_for
 
 pytestmark = [pytest.mark.slow, pytest.mark.torch]
-TRAIN = Path(__file__).with_name("ddp_train.py")
+JOB = ["-m", "sentinel.demo_job"]
 
 
 def start_agent(server: LiveServer, token: str, name: str, work: Path, accelerators: int) -> subprocess.Popen[bytes]:
@@ -66,7 +66,7 @@ class Cluster:
         env = {**os.environ, "SENTINEL_SERVER": self.server.url, "SENTINEL_TOKEN": self.server.token("launcher", name),
                "OUT_DIR": str(out), "STEPS": "0"}
         log = open(self.work / "launch.log", "ab")  # noqa: SIM115 - the child keeps it
-        proc = subprocess.Popen(sentinel_cmd("launch", "--job", name, "--nproc", "2", "--", sys.executable, str(TRAIN)),
+        proc = subprocess.Popen(sentinel_cmd("launch", "--job", name, "--nproc", "2", "--", sys.executable, *JOB),
                                 env=env, stdout=log, stderr=log, start_new_session=True)
         self.procs.append(proc)
         return proc

@@ -1,0 +1,59 @@
+"""`sentinel demo --exit`: the README's main command tells the whole story, and every figure of its
+timeline is what the server's API says (checked by starting a server on the demo's database)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+from pathlib import Path
+
+import httpx
+import pytest
+
+from tests.live import LiveServer, free_port, sentinel_cmd
+
+pytestmark = [pytest.mark.slow, pytest.mark.torch]
+
+
+def test_the_demo_tells_the_story_and_its_figures_are_the_servers(tmp_path: Path):
+    data = tmp_path / "demo"
+    result = subprocess.run(sentinel_cmd("demo", "--exit", "--data-dir", str(data), "--port", str(free_port())),
+                            env={**os.environ, "COLUMNS": "100"}, capture_output=True, text=True, timeout=400)
+    out = result.stdout
+    assert result.returncode == 0, out + result.stderr
+    for chapter in ("1. The central service", "2. Two node agents", "3. A real training job", "4. Fault",
+                    "5. Detected", "6. What Sentinel did", "7. Stepping again", "timeline"):
+        assert chapter in out, chapter
+    assert "SIMULATED" in out and "not built yet" in out, "it says what is simulated and what is missing"
+    assert max(len(line) for line in out.splitlines()) <= 100, "fits a 100-column terminal"
+    figures = json.loads((data / "timeline.json").read_text())
+
+    server = LiveServer(data / "check", f"sqlite:///{data / 'sentinel.db'}").start()
+    try:
+        token = (data / "admin-token").read_text().strip()  # the demo's database made it; the check server reuses it
+        with httpx.Client(base_url=server.url + "/api/v1", headers={"authorization": f"Bearer {token}"},
+                          timeout=10) as api:
+            incident = api.get(f"/incidents/{figures['incident_id']}").json()
+            assert incident["detection_latency_seconds"] == pytest.approx(figures["detection_latency_seconds"])
+            assert incident["detector"] == "hardware" and "XID 79" in incident["title"]
+            texts = [a["text"] for a in incident["actions"]]
+            assert any("quarantined accelerator" in t for t in texts) and any("stepping again" in t for t in texts)
+            [order] = [o for o in api.get(f"/jobs/{figures['job_id']}/orders", params={"state": "all"}).json()
+                       if o["id"] == figures["order_id"]]
+            assert order["recovery_seconds"] == pytest.approx(figures["recovery_seconds"])
+            assert order["lost_steps"] == figures["lost_steps"]
+            # the job steps on until its ranks are stopped, a few hundred ms after the injection
+            assert 0 < figures["lost_steps"] <= figures["step_at_fault"] + 200
+            assert {s["node"] for s in order["placement"]} == {"demo-node-2"}, "the job moved to the spare"
+            accelerators = {a["uuid"]: a["health"] for a in api.get("/accelerators").json()}
+            assert accelerators["SIM-demo-node-1-1"] == "quarantined"
+        # goodput = 1 − (recovery + lost steps × median step) ÷ time since the job started, from the same figures
+        assert 0 < figures["goodput_ratio"] < 1
+        wasted = figures["recovery_seconds"] + figures["lost_steps"] * figures["step_seconds_p50"]
+        assert wasted > 0 and figures["goodput_ratio"] <= 1 - wasted / (wasted + 600)
+    finally:
+        server.stop()
+    for figure in (f"{figures['detection_latency_seconds']:.3f} s", f"{figures['recovery_seconds']:.2f} s",
+                   str(figures["lost_steps"])):
+        assert figure in out, f"the timeline shows {figure}"
