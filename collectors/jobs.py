@@ -199,8 +199,11 @@ class ExitWatcher:
             who = self._watched.pop(pid, None)
         if who is None:
             return
-        self._on_exit(TaskExit(job_id=who[0], rank=who[1], pid=pid, exit_code=exit_code, signal=signal,
-                               observed_at=time.time()))
+        try:
+            self._on_exit(TaskExit(job_id=who[0], rank=who[1], pid=pid, exit_code=exit_code, signal=signal,
+                                   observed_at=time.time()))
+        except Exception:  # the watcher threads must outlive any one report: a dead watcher misses every exit
+            log.exception("reporting a task exit failed: pid=%d job=%s rank=%s", pid, who[0], who[1])
 
 
 def _is_zombie(pid: int) -> bool | None:
