@@ -19,6 +19,7 @@ import sys
 import tempfile
 import time
 from dataclasses import dataclass, field
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -184,12 +185,15 @@ class Demo:
         say(f"[bold]7. Stepping again[/] as attempt {order['attempt']}: {placement}")
         time.sleep(2)
         metrics = self.api("GET", f"/jobs/{job_id}/metrics")
+        opened = datetime.fromisoformat(incident["opened_at"]).timestamp()
+        completed = datetime.fromisoformat(order["completed_at"]).timestamp()
         self.figures = {
             "job_id": job_id, "incident_id": incident["id"], "order_id": order["id"], "fault": kind,
             "injected_at": injected, "step_at_fault": before,
             "detection_latency_seconds": incident["detection_latency_seconds"],
             "recovery_seconds": order["recovery_seconds"], "lost_steps": order["lost_steps"] or 0,
             "goodput_ratio": metrics["goodput_ratio"], "step_seconds_p50": metrics["step_seconds_p50"],
+            "injected_to_open_seconds": opened - injected, "injected_to_stepping_seconds": completed - injected,
         }
         self._timeline()
         (self.data_dir / "timeline.json").write_text(json.dumps(self.figures, indent=2))
@@ -220,10 +224,14 @@ class Demo:
         table.add_column("what")
         table.add_column("figure", justify="right")
         table.add_column("where it comes from")
+        table.add_row("fault injected → incident open", f"{f['injected_to_open_seconds']:.2f} s",
+                      "the incident's opened_at − the injection (a hang is only a hang after its limit)")
         table.add_row("detection latency", f"{f['detection_latency_seconds']:.3f} s",
-                      f"GET /incidents/{f['incident_id']}")
+                      f"GET /incidents/{f['incident_id']}: observed by the agent → open")
         table.add_row("recovery time", f"{f['recovery_seconds']:.2f} s",
                       "fault observed → first step of the new attempt (order)")
+        table.add_row("fault injected → stepping again", f"{f['injected_to_stepping_seconds']:.2f} s",
+                      "the order's completed_at − the injection")
         table.add_row("lost steps", str(f["lost_steps"]), "steps the restart recomputes (no checkpoints yet)")
         goodput = "-" if f["goodput_ratio"] is None else f"{100 * f['goodput_ratio']:.1f} %"
         table.add_row("goodput", goodput, "GET /jobs/{id}/metrics: 1 − lost time ÷ time since start")

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import subprocess
+from datetime import datetime
 from pathlib import Path
 
 import httpx
@@ -37,11 +38,15 @@ def test_the_demo_tells_the_story_and_its_figures_are_the_servers(tmp_path: Path
             incident = api.get(f"/incidents/{figures['incident_id']}").json()
             assert incident["detection_latency_seconds"] == pytest.approx(figures["detection_latency_seconds"])
             assert incident["detector"] == "hardware" and "XID 79" in incident["title"]
+            opened = datetime.fromisoformat(incident["opened_at"]).timestamp()
+            assert opened - figures["injected_at"] == pytest.approx(figures["injected_to_open_seconds"])
             texts = [a["text"] for a in incident["actions"]]
             assert any("quarantined accelerator" in t for t in texts) and any("stepping again" in t for t in texts)
             [order] = [o for o in api.get(f"/jobs/{figures['job_id']}/orders", params={"state": "all"}).json()
                        if o["id"] == figures["order_id"]]
             assert order["recovery_seconds"] == pytest.approx(figures["recovery_seconds"])
+            completed = datetime.fromisoformat(order["completed_at"]).timestamp()
+            assert completed - figures["injected_at"] == pytest.approx(figures["injected_to_stepping_seconds"])
             assert order["lost_steps"] == figures["lost_steps"]
             # the job steps on until its ranks are stopped, a few hundred ms after the injection
             assert 0 < figures["lost_steps"] <= figures["step_at_fault"] + 200
