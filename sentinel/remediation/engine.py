@@ -56,7 +56,8 @@ log = logging.getLogger("sentinel.remediation")
 
 TAKE_ACCELERATOR = ("reset_accelerator", "quarantine")
 TAKE_NODE = ("restart_node", "drain_node")
-FINISHED = ("succeeded", "cancelled")  # a failed job is what an order brings back
+FINISHED = ("succeeded", "cancelled")
+RESTART_GRACE_SECONDS = 300.0  # a failed job is what an order brings back
 
 
 @dataclass
@@ -99,7 +100,9 @@ class RemediationEngine:
         self.counts: dict[tuple[str, str], int] = {}
         self.recovery_seconds: dict[int, float] = {}  # job → its last recovery, fault observed → stepping again
         self.recovery_total: dict[int, float] = {}  # job → all its recoveries, summed (for goodput)
-        self._restarting: dict[int, int] = {}  # job → attempt ordered and not yet stepping
+        # job → (attempt ordered and not yet stepping, since when); forgotten after RESTART_GRACE_SECONDS so a
+        # restart that never comes back cannot hide the job's later failures
+        self._restarting: dict[int, tuple[int, float]] = {}
         self._counts_lock = threading.Lock()
         self._queue: queue.SimpleQueue[int | tuple[str, float | None] | threading.Event | None] = queue.SimpleQueue()
         self._worker: threading.Thread | None = None
@@ -116,6 +119,11 @@ class RemediationEngine:
             took = (order.completed_at - (observed or order.created_at)).total_seconds()
             self.recovery_seconds[order.job_id] = took
             self.recovery_total[order.job_id] = self.recovery_total.get(order.job_id, 0.0) + took
+        # orders still under way: their jobs' old ranks are being stopped on purpose (no task_exit incident)
+        for order in session.scalars(select(Order).where(Order.completed_at.is_(None),
+                                                         Order.state.in_(("pending", "acknowledged", "done")))):
+            if order.attempt > self._restarting.get(order.job_id, (-1, 0.0))[0]:
+                self._restarting[order.job_id] = (order.attempt, order.created_at.timestamp())
         for action, result, count in session.execute(
                 select(Remediation.action, Remediation.result, func.count()).group_by(Remediation.action,
                                                                                       Remediation.result)):
@@ -162,7 +170,8 @@ class RemediationEngine:
     def is_restarting(self, job_id: int, attempt: int) -> bool:
         """Did Sentinel order an attempt newer than `attempt` that is not stepping yet? Then the old attempt's
         ranks are being stopped on purpose."""
-        return self._restarting.get(job_id, -1) > attempt
+        ordered, since = self._restarting.get(job_id, (-1, 0.0))
+        return ordered > attempt and self.clock.time() - since < RESTART_GRACE_SECONDS
 
     def _count(self, action: str, result: str) -> None:
         with self._counts_lock:
@@ -408,7 +417,7 @@ class RemediationEngine:
         out.lines.append(f"order {order.id}: job {job.id} ({job.name}) attempt {order.attempt}, {how}"
                          + (f"; {moved}" if moved else "; same placement"))
         out.jobs.append(job.id)
-        self._restarting[job.id] = order.attempt
+        self._restarting[job.id] = (order.attempt, self.clock.time())
         hook = job.attributes.get("order_webhook") if isinstance(job.attributes, dict) else None
         if hook:
             out.webhooks.append((str(hook), order_dict(order)))
@@ -457,7 +466,7 @@ class RemediationEngine:
                 if stepped is None:
                     continue
                 order.completed_at = to_datetime(stepped)
-                if self._restarting.get(order.job_id, -1) <= order.attempt:
+                if self._restarting.get(order.job_id, (-1, 0.0))[0] <= order.attempt:
                     self._restarting.pop(order.job_id, None)
                 job = session.get(Job, order.job_id)
                 if job is not None and job.state == "recovering":
