@@ -46,15 +46,13 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
-from support import HOST, BenchError, Processes, free_port, http_call, tail
+from support import HOST, BenchError, Processes, api, free_port, http_call, ready, say, tail, wait
 
 XIDS = (79, 48, 95, 64, 74, 61, 62, 119, 120, 94, 13, 31, 43)  # every one opens an incident
 ACCELERATORS = 4
 TARGET_P99_SECONDS = 1.0
 
 
-def say(text: str) -> None:
-    print(text, flush=True)
 
 
 class Receiver:
@@ -89,23 +87,8 @@ class Receiver:
         self.server.shutdown()
 
 
-def wait(what: str, probe: Any, timeout: float, procs: Processes, watched: list[subprocess.Popen[bytes]]) -> Any:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        for proc in watched:
-            procs.check_alive(proc)
-        value = probe()
-        if value:
-            return value
-        time.sleep(0.02)
-    raise BenchError(f"timed out after {timeout:.0f}s waiting for {what}")
 
 
-def api(port: int, method: str, path: str, token: str, body: Any = None) -> Any:
-    status, answer = http_call(port, method, path, body, token)
-    if status >= 300:
-        raise BenchError(f"{method} {path} answered {status}: {answer[:500]!r}")
-    return json.loads(answer)
 
 
 def quantile(values: list[float], q: float) -> float:
@@ -129,7 +112,7 @@ def start_prometheus(procs: Processes, env: dict[str, str], work: Path, agent_po
         f"  static_configs: [{{targets: ['{HOST}:{agent_port}']}}]\n")
     proc = procs.start("prometheus", ["prometheus", f"--config.file={config}", f"--web.listen-address={HOST}:{port}",
                                       f"--storage.tsdb.path={work / 'tsdb'}"], env, work / "prometheus.log")
-    wait("prometheus /-/ready", lambda: _ok(port, "/-/ready"), 30, procs, [proc])
+    wait("prometheus /-/ready", lambda: ready(port, "/-/ready"), 30, procs, [proc])
     return port
 
 
@@ -143,15 +126,10 @@ def start_alertmanager(procs: Processes, env: dict[str, str], work: Path, receiv
     proc = procs.start("alertmanager", ["prometheus-alertmanager", f"--config.file={config}",
                                         f"--web.listen-address={HOST}:{port}", "--cluster.listen-address=",
                                         f"--storage.path={work / 'am'}"], env, work / "alertmanager.log")
-    wait("alertmanager /-/ready", lambda: _ok(port, "/-/ready"), 30, procs, [proc])
+    wait("alertmanager /-/ready", lambda: ready(port, "/-/ready"), 30, procs, [proc])
     return port
 
 
-def _ok(port: int, path: str) -> bool:
-    try:
-        return http_call(port, "GET", path, timeout=2)[0] == 200
-    except OSError:
-        return False
 
 
 def start_agent(procs: Processes, env: dict[str, str], work: Path, server_port: int, token_file: Path, node: str,
@@ -174,7 +152,7 @@ def end_to_end(args: argparse.Namespace, procs: Processes, work: Path) -> dict[s
         say(f"starting the server on {HOST}:{port} with a webhook receiver on :{receiver.port}")
         server = procs.start("server", [sys.executable, "-m", "sentinel.cli", "server", "--host", HOST, "--port",
                                         str(port)], env, work / "server.log")
-        wait("server /readyz", lambda: _ok(port, "/readyz"), 60, procs, [server])
+        wait("server /readyz", lambda: ready(port), 60, procs, [server])
         made = subprocess.run([sys.executable, "-m", "sentinel.cli", "token", "create", "--role", "agent", "--name",
                                "bench-agent"], env=env, capture_output=True, text=True, timeout=60, check=True)
         token_file = work / "agent-token"

@@ -38,28 +38,15 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Any
 
 import psutil
-from support import HOST, REPO, BenchError, Processes, free_port, http_call, tail
+from support import HOST, REPO, BenchError, Processes, api, free_port, http_call, ready, say, tail, wait
 
 JOB = ["-m", "sentinel.demo_job"]
 
 
-def say(text: str) -> None:
-    print(text, flush=True)
 
 
-def wait(what: str, probe: Any, timeout: float, procs: Processes, watched: list[subprocess.Popen[bytes]]) -> Any:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        for proc in watched:
-            procs.check_alive(proc)
-        value = probe()
-        if value:
-            return value
-        time.sleep(0.01)
-    raise BenchError(f"timed out after {timeout:.0f}s waiting for {what}")
 
 
 def steps(log: Path) -> list[tuple[int, int, int, float]]:
@@ -93,18 +80,8 @@ def steady(log: Path, attempt: int, count: int = 20) -> bool:
     return len(ranks) == 2 and min(ranks.values()) >= count
 
 
-def ready(port: int, path: str = "/readyz") -> bool:
-    try:
-        return http_call(port, "GET", path, timeout=2)[0] == 200
-    except OSError:
-        return False
 
 
-def api(port: int, method: str, path: str, token: str, body: Any = None) -> Any:
-    status, answer = http_call(port, method, path, body, token)
-    if status >= 300:
-        raise BenchError(f"{method} {path} answered {status}: {answer[:300]!r}")
-    return json.loads(answer) if answer else None
 
 
 def sentinel_runs(args: argparse.Namespace, procs: Processes, work: Path) -> dict[str, list[float]]:

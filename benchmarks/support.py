@@ -94,3 +94,36 @@ def http_call(port: int, method: str, path: str, body: Any = None, token: str | 
         return resp.status, resp.read()
     finally:
         conn.close()
+
+
+def say(text: str) -> None:
+    print(text, flush=True)
+
+
+def wait(what: str, probe: Any, timeout: float, procs: Processes, watched: list[subprocess.Popen[bytes]],
+         poll: float = 0.01) -> Any:
+    """Poll `probe` until it returns something true; fail at once if a watched process exits."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        for proc in watched:
+            procs.check_alive(proc)
+        value = probe()
+        if value:
+            return value
+        time.sleep(poll)
+    raise BenchError(f"timed out after {timeout:.0f}s waiting for {what}")
+
+
+def ready(port: int, path: str = "/readyz") -> bool:
+    try:
+        return http_call(port, "GET", path, timeout=2)[0] == 200
+    except OSError:
+        return False
+
+
+def api(port: int, method: str, path: str, token: str, body: Any = None) -> Any:
+    """One call to Sentinel's REST API; any answer but 2xx is a BenchError."""
+    status, answer = http_call(port, method, path, body, token)
+    if status >= 300:
+        raise BenchError(f"{method} {path} answered {status}: {answer[:300]!r}")
+    return json.loads(answer) if answer else None

@@ -13,7 +13,6 @@ import importlib
 import logging
 import math
 import pkgutil
-import queue
 import threading
 from importlib.metadata import entry_points
 
@@ -25,6 +24,7 @@ from sentinel.incidents.lifecycle import Incidents
 from sentinel.nodes.live import NodeLive
 from sentinel.telemetry.ingest import ClosedTask
 from sentinel.telemetry.schemas import NodeReport
+from sentinel.worker import QueueWorker
 
 log = logging.getLogger("sentinel.detection")
 
@@ -54,8 +54,7 @@ class DetectionEngine:
         self.errors = errors if errors is not None else {}
         self._clear_since: dict[str, float] = {}
         self._last_run: dict[str, float] = {}
-        self._queue: queue.SimpleQueue[list[Finding] | threading.Event | None] = queue.SimpleQueue()
-        self._worker: threading.Thread | None = None
+        self._worker: QueueWorker[list[Finding]] = QueueWorker("sentinel-incidents", self._write)
         self._eval_lock = threading.Lock()
 
     # -- event-driven ---------------------------------------------------------------------------------
@@ -75,37 +74,24 @@ class DetectionEngine:
             except Exception:
                 self._failed(detector.name)
         if findings:
-            self._queue.put(findings)
+            self._worker.put(findings)
 
     def start(self) -> None:
-        self._worker = threading.Thread(target=self._work, name="sentinel-incidents", daemon=True)
         self._worker.start()
 
     def stop(self) -> None:
-        if self._worker is not None:
-            self._queue.put(None)
-            self._worker.join(timeout=10)
-            self._worker = None
+        self._worker.stop()
 
-    def _work(self) -> None:
-        while True:
-            findings = self._queue.get()
-            if findings is None:
-                return
-            if isinstance(findings, threading.Event):
-                findings.set()
-                continue
-            try:
-                self.incidents.record(findings, repeat=True)
-            except Exception:
-                # the events behind them are stored; log loudly, the next occurrence tries again
-                self._failed("incident_writer")
+    def _write(self, findings: list[Finding]) -> None:
+        try:
+            self.incidents.record(findings, repeat=True)
+        except Exception:
+            # the events behind them are stored; log loudly, the next occurrence tries again
+            self._failed("incident_writer")
 
     def drain(self, timeout: float = 5.0) -> bool:
         """Wait until the findings queued so far are written (tests, shutdown)."""
-        marker = threading.Event()
-        self._queue.put(marker)
-        return marker.wait(timeout)
+        return self._worker.drain(timeout)
 
     # -- periodic -------------------------------------------------------------------------------------
     def evaluate(self, only: str | None = None) -> list[Finding]:

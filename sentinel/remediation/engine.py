@@ -22,7 +22,6 @@ from __future__ import annotations
 import importlib
 import logging
 import pkgutil
-import queue
 import threading
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
@@ -51,6 +50,7 @@ from sentinel.remediation.executors.base import EXECUTORS, Action, Executor, Job
 from sentinel.remediation.models import Order, Remediation
 from sentinel.remediation.orders import OrderBoard, create_order, latest_attempt
 from sentinel.remediation.placement import Inventory, NoCapacity, PlacementRequest, load_policy
+from sentinel.worker import QueueWorker
 
 log = logging.getLogger("sentinel.remediation")
 
@@ -104,8 +104,8 @@ class RemediationEngine:
         # restart that never comes back cannot hide the job's later failures
         self._restarting: dict[int, tuple[int, float]] = {}
         self._counts_lock = threading.Lock()
-        self._queue: queue.SimpleQueue[int | tuple[str, float | None] | threading.Event | None] = queue.SimpleQueue()
-        self._worker: threading.Thread | None = None
+        # incident ids to act on, and (accelerator, probe value) results
+        self._worker: QueueWorker[int | tuple[str, float | None]] = QueueWorker("sentinel-remediation", self._work)
         self._act_lock = threading.Lock()
 
     # -- lifecycle ---------------------------------------------------------------------------------
@@ -130,42 +130,29 @@ class RemediationEngine:
             self.counts[(action, result)] = int(count)
 
     def start(self) -> None:
-        self._worker = threading.Thread(target=self._work, name="sentinel-remediation", daemon=True)
         self._worker.start()
 
     def stop(self) -> None:
-        if self._worker is not None:
-            self._queue.put(None)
-            self._worker.join(timeout=10)
-            self._worker = None
+        self._worker.stop()
 
     def drain(self, timeout: float = 10.0) -> bool:
-        marker = threading.Event()
-        self._queue.put(marker)
-        return marker.wait(timeout)
+        return self._worker.drain(timeout)
 
     def on_incident(self, incident: IncidentOut, what: str) -> None:
         """Incident listener: a new incident, or a new occurrence of an open one, may need action."""
         if what in ("opened", "repeated") and self.settings.remediation_enabled:
-            self._queue.put(incident.id)
+            self._worker.put(incident.id)
 
-    def _work(self) -> None:
-        while True:
-            item = self._queue.get()
-            if item is None:
-                return
-            if isinstance(item, threading.Event):
-                item.set()
-                continue
-            try:
-                if isinstance(item, tuple):
-                    with self._act_lock:
-                        self.probe_result(*item)
-                else:
-                    self.handle(item)
-            except Exception:
-                log.exception("remediation failed: item=%s", item)
-                self._count("handle", "failed")
+    def _work(self, item: int | tuple[str, float | None]) -> None:
+        try:
+            if isinstance(item, tuple):
+                with self._act_lock:
+                    self.probe_result(*item)
+            else:
+                self.handle(item)
+        except Exception:
+            log.exception("remediation failed: item=%s", item)
+            self._count("handle", "failed")
 
     def is_restarting(self, job_id: int, attempt: int) -> bool:
         """Did Sentinel order an attempt newer than `attempt` that is not stepping yet? Then the old attempt's
@@ -532,7 +519,7 @@ class RemediationEngine:
         """Ingest listener: probe results go to the remediation thread."""
         for event in report.events:
             if event.kind == "probe" and event.accelerator_uuid in self._probes:
-                self._queue.put((event.accelerator_uuid, event.value))
+                self._worker.put((event.accelerator_uuid, event.value))
 
     def probe_result(self, uuid: str, value: float | None) -> None:
         incident_id, _ = self._probes.pop(uuid, (None, 0.0))
