@@ -133,6 +133,11 @@ class Telemetry:
         with self._lock:
             self._failure = {"type": exc_type.__name__, "message": str(exc)[:1000]}
 
+    def resume_at(self, step: int) -> None:
+        """Continue numbering steps after `step` (a restored checkpoint), so lost work is counted from it."""
+        with self._lock:
+            self._step_index = step
+
     @property
     def step_index(self) -> int:
         return self._step_index

@@ -10,6 +10,7 @@ outstanding all-reduce completed. Importing this module imports torch; `sentinel
 
 import threading
 import time
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -92,3 +93,15 @@ def peak_memory_bytes(device: Any = None) -> int:
     from sentinel.sdk.telemetry import peak_memory_bytes as process_peak
 
     return process_peak()[0]
+
+
+def agree_min(group: Any = None) -> Callable[[int], int]:
+    """For CheckpointManager.restore(agree=…): every rank learns the smallest step any rank proposed,
+    so all ranks load the same step (a rank that failed to load proposes -1)."""
+
+    def agree(step: int) -> int:
+        value = torch.tensor([step], dtype=torch.int64)
+        dist.all_reduce(value, op=dist.ReduceOp.MIN, group=group)
+        return int(value.item())
+
+    return agree

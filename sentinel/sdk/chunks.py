@@ -1,0 +1,129 @@
+"""State dicts ↔ flat tensors ↔ content-addressed chunks.
+
+A state (nested dicts, lists and tuples of torch tensors, numpy arrays and plain values) is flattened
+into named tensors plus a JSON skeleton that rebuilds the nesting exactly (integer keys included, as in
+an optimizer's state dict). Each tensor's bytes are cut into fixed-size chunks named by their xxh3-128
+digest, so an unchanged chunk has the same name as last time and is not written again. Embedding-like
+tensors are cut on row boundaries into small chunks: a sparse update then touches few chunks.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import xxhash
+
+DEFAULT_CHUNK_BYTES = 1 << 20
+DEFAULT_ROW_CHUNK_BYTES = 2048
+ROW_CHUNKED = ("embed",)  # tensors whose names contain these are chunked by rows
+
+
+def digest(data: memoryview | bytes) -> str:
+    return xxhash.xxh3_128_hexdigest(data)
+
+
+@dataclass
+class TensorSpec:
+    """One tensor of a shard: where its bytes live (chunk digests) and how to rebuild it."""
+
+    name: str
+    dtype: str  # "torch.bfloat16" or a numpy dtype string ("float32")
+    shape: list[int]
+    nbytes: int
+    chunk_bytes: int
+    chunks: list[str] = field(default_factory=list)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"name": self.name, "dtype": self.dtype, "shape": self.shape, "nbytes": self.nbytes,
+                "chunk_bytes": self.chunk_bytes, "chunks": self.chunks}
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> TensorSpec:
+        return cls(name=str(data["name"]), dtype=str(data["dtype"]), shape=[int(x) for x in data["shape"]],
+                   nbytes=int(data["nbytes"]), chunk_bytes=int(data["chunk_bytes"]),
+                   chunks=[str(c) for c in data["chunks"]])
+
+
+def _torch() -> Any:
+    return sys.modules.get("torch")
+
+
+def is_tensor(value: Any) -> bool:
+    torch = _torch()
+    return isinstance(value, np.ndarray) or (torch is not None and isinstance(value, torch.Tensor))
+
+
+def flatten(state: Any) -> tuple[Any, dict[str, Any]]:
+    """(skeleton, {name: tensor}); the skeleton is JSON with {"__tensor__": name} where tensors were."""
+    tensors: dict[str, Any] = {}
+
+    def walk(value: Any, path: str) -> Any:
+        if is_tensor(value):
+            tensors[path] = value
+            return {"__tensor__": path}
+        if isinstance(value, dict):
+            return {"__dict__": [[k, walk(v, f"{path}.{k}" if path else str(k))] for k, v in value.items()]}
+        if isinstance(value, tuple):
+            return {"__tuple__": [walk(v, f"{path}.{i}") for i, v in enumerate(value)]}
+        if isinstance(value, list):
+            return [walk(v, f"{path}.{i}") for i, v in enumerate(value)]
+        if value is None or isinstance(value, (bool, int, float, str)):
+            return value
+        if isinstance(value, np.generic):
+            return value.item()
+        raise TypeError(f"cannot checkpoint {path or 'the state'}: {type(value).__name__} is not a tensor, "
+                        "an array, a container or a plain value")
+
+    return walk(state, ""), tensors
+
+
+def unflatten(skeleton: Any, tensors: dict[str, Any]) -> Any:
+    if isinstance(skeleton, dict):
+        if "__tensor__" in skeleton:
+            return tensors[skeleton["__tensor__"]]
+        if "__dict__" in skeleton:
+            return {k: unflatten(v, tensors) for k, v in skeleton["__dict__"]}
+        if "__tuple__" in skeleton:
+            return tuple(unflatten(v, tensors) for v in skeleton["__tuple__"])
+    if isinstance(skeleton, list):
+        return [unflatten(v, tensors) for v in skeleton]
+    return skeleton
+
+
+def dtype_name(value: Any) -> str:
+    return value.dtype.str if isinstance(value, np.ndarray) else str(value.dtype)
+
+
+def chunk_bytes_for(name: str, shape: tuple[int, ...] | list[int], itemsize: int, *,
+                    chunk_bytes: int = DEFAULT_CHUNK_BYTES, row_chunk_bytes: int = DEFAULT_ROW_CHUNK_BYTES,
+                    row_chunked: tuple[str, ...] = ROW_CHUNKED) -> int:
+    """Fixed-size chunks, or whole rows (≥ row_chunk_bytes) for embedding-like tables."""
+    if len(shape) >= 2 and any(p in name for p in row_chunked):
+        row = itemsize
+        for dim in shape[1:]:
+            row *= int(dim)
+        if row > 0:
+            return max(1, row_chunk_bytes // row) * row
+    return chunk_bytes
+
+
+def cut(data: memoryview, size: int) -> Iterator[memoryview]:
+    for offset in range(0, len(data), size):
+        yield data[offset:offset + size]
+
+
+def empty_like_spec(spec: TensorSpec) -> tuple[Any, memoryview]:
+    """A fresh tensor (torch if the spec was torch, else numpy) and a writable byte view of it."""
+    if spec.dtype.startswith("torch."):
+        torch = _torch()
+        if torch is None:
+            import torch
+        dtype = getattr(torch, spec.dtype.removeprefix("torch."))
+        tensor = torch.empty(spec.shape, dtype=dtype)
+        return tensor, memoryview(tensor.view(-1).view(torch.uint8).numpy()) if spec.nbytes else memoryview(b"")
+    array = np.empty(spec.shape, dtype=np.dtype(spec.dtype))
+    return array, array.reshape(-1).view(np.uint8).data

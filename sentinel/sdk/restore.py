@@ -1,0 +1,165 @@
+"""Loading a checkpoint back: follow the plan, verify every byte, fall back when something is wrong."""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from sentinel.sdk import chunks
+from sentinel.sdk.catalog import CatalogError
+from sentinel.sdk.stores import CheckpointStore, CheckpointStoreError
+
+if TYPE_CHECKING:
+    from sentinel.sdk.checkpoint import CheckpointManager, Restored
+
+log = logging.getLogger("sentinel.sdk.checkpoint")
+MAX_ROUNDS = 8
+
+
+def restore(m: CheckpointManager, step: int | None, agree: Callable[[int], int] | None) -> Restored | None:
+    if step is not None:
+        return load_step(m, step, [s.location() for s in _stores(m)], None, [])
+    if m.catalog is None:
+        return _restore_without_catalog(m, agree)
+    return _restore_from_plan(m, agree)
+
+
+def _stores(m: CheckpointManager) -> list[CheckpointStore]:
+    return [s for s in (m.local, m.replica, m.persistent) if s is not None]
+
+
+def _restore_from_plan(m: CheckpointManager, agree: Callable[[int], int] | None) -> Restored | None:
+    from sentinel.sdk.checkpoint import CheckpointError
+
+    assert m.catalog is not None
+    skipped: list[str] = []
+    for _ in range(MAX_ROUNDS):
+        plan = m.catalog.recovery_plan()
+        step = plan.get("step")
+        if step is None:
+            if skipped or plan.get("skipped"):
+                _from_scratch(m, skipped + list(plan.get("skipped", [])))
+            return None
+        shard = next((r for r in plan.get("ranks", []) if int(r["rank"]) == m.rank), None)
+        restored = None
+        if shard is None:
+            skipped.append(f"step {step}: the plan has no shard for rank {m.rank}")
+            if agree is None:
+                return None  # a serving replica that never saved: it starts fresh
+        else:
+            own = int(shard.get("step", step))  # a serving replica's own newest step
+            try:
+                restored = load_step(m, own, shard["locations"], shard.get("manifest_digest"), skipped)
+            except CheckpointError as exc:  # load_step put each location's problem in `skipped`
+                try:
+                    m.catalog.report_invalid(own, m.rank, str(exc))
+                except (CatalogError, OSError) as report_error:
+                    raise CheckpointError(f"{exc}; and the catalog could not be told: {report_error}") from exc
+        if agree is not None and agree(int(step) if restored is not None else -1) != int(step):
+            continue  # a rank could not load this step; it told the catalog, so the next plan is older
+        if restored is not None:
+            restored.skipped = skipped
+            return restored
+    raise CheckpointError(f"job {m.job_id} rank {m.rank}: no usable checkpoint after {MAX_ROUNDS} plans: "
+                          + "; ".join(skipped[-MAX_ROUNDS:]))
+
+
+def _restore_without_catalog(m: CheckpointManager, agree: Callable[[int], int] | None) -> Restored | None:
+    from sentinel.sdk.checkpoint import CheckpointError
+
+    available: dict[int, list[CheckpointStore]] = {}
+    for store in _stores(m):
+        for step, ranks in store.steps(m.job_id).items():
+            if m.rank in ranks:
+                available.setdefault(step, []).append(store)
+    skipped: list[str] = []
+    ceiling: int | None = None
+    while True:
+        restored = None
+        for step in sorted(available, reverse=True):
+            if ceiling is not None and step > ceiling:
+                continue
+            try:
+                restored = load_step(m, step, [s.location() for s in available[step]], None, skipped)
+                break
+            except CheckpointError:
+                continue  # load_step put each location's problem in `skipped`
+        proposal = restored.step if restored is not None else -1
+        agreed = agree(proposal) if agree is not None else proposal
+        if agreed == proposal:
+            if restored is not None:
+                restored.skipped = skipped
+            elif skipped:
+                _from_scratch(m, skipped)
+            return restored
+        if agreed < 0:
+            return None
+        ceiling = agreed
+
+
+def _from_scratch(m: CheckpointManager, skipped: list[str]) -> None:
+    """Checkpoints exist but none is usable: say so loudly, the job is about to redo everything."""
+    log.warning("no usable checkpoint, starting from scratch: job=%d rank=%d passed_over=%s", m.job_id, m.rank,
+                "; ".join(skipped[-5:]))
+
+
+def load_step(m: CheckpointManager, step: int, locations: list[dict[str, str]], manifest_digest: str | None,
+              skipped: list[str]) -> Restored:
+    """This rank's shard of `step` from the first location that reads back intact."""
+    from sentinel.sdk.checkpoint import CheckpointError, CorruptCheckpoint, Restored
+
+    problems: list[str] = []
+    corrupt = False
+    for location in locations:
+        store = m.store_for(location)
+        where = f"{store.root} ({store.tier} tier{', node ' + store.node if store.node else ''})"
+        try:
+            with store.shared():
+                store.refresh()
+                state = _load(store, m.job_id, step, m.rank, manifest_digest, where)
+            return Restored(step=step, state=state, location=store.location(), skipped=skipped)
+        except CorruptCheckpoint as exc:
+            corrupt = True
+            problems.append(str(exc))
+        except (CheckpointStoreError, OSError, ValueError, KeyError) as exc:
+            problems.append(f"step {step} rank {m.rank} at {where}: {exc}")
+        skipped.append(problems[-1])
+    if not locations:
+        problems.append(f"step {step} rank {m.rank}: no location holds it")
+        skipped.append(problems[-1])
+    cls = CorruptCheckpoint if corrupt else CheckpointError
+    raise cls("; ".join(problems))
+
+
+def _load(store: CheckpointStore, job: int, step: int, rank: int, manifest_digest: str | None, where: str) -> Any:
+    from sentinel.sdk.checkpoint import CorruptCheckpoint
+
+    raw = store.get_manifest(job, step, rank)
+    if manifest_digest is not None and chunks.digest(raw) != manifest_digest:
+        raise CorruptCheckpoint(f"step {step} rank {rank} at {where}: the manifest "
+                                f"{store.manifest_path(job, step, rank)} does not match the digest the catalog "
+                                f"recorded ({manifest_digest}); it was changed after it was written")
+    try:
+        manifest = json.loads(raw)
+        specs = [chunks.TensorSpec.from_json(t) for t in manifest["tensors"]]
+        skeleton = manifest["skeleton"]
+    except (ValueError, KeyError, TypeError) as exc:
+        raise CorruptCheckpoint(f"step {step} rank {rank} at {where}: the manifest "
+                                f"{store.manifest_path(job, step, rank)} is damaged ({exc!r})") from exc
+    tensors: dict[str, Any] = {}
+    for spec in specs:
+        tensor, view = chunks.empty_like_spec(spec)
+        store.read_chunks(spec.chunks, view)
+        for index, expected in enumerate(spec.chunks):
+            piece = view[index * spec.chunk_bytes:(index + 1) * spec.chunk_bytes]
+            actual = chunks.digest(piece)
+            if actual != expected:
+                ref = store.chunk_refs().get(expected)
+                place = f"{store.packs / (ref.pack + '.pack')} offset {ref.offset}" if ref else "unknown pack"
+                raise CorruptCheckpoint(
+                    f"step {step} rank {rank} at {where}: tensor {spec.name!r} chunk {index + 1} of "
+                    f"{len(spec.chunks)} is corrupt (expected digest {expected}, read {actual}; {place})")
+        tensors[spec.name] = tensor
+    return chunks.unflatten(skeleton, tensors)
