@@ -18,6 +18,7 @@ from sentinel.accelerators.api import router as accelerators_router
 from sentinel.alerting.api import router as alerting_router
 from sentinel.auth.api import router as tokens_router
 from sentinel.auth.deps import READ, allow
+from sentinel.checkpoints.api import router as checkpoints_router
 from sentinel.clock import Clock
 from sentinel.config import Settings
 from sentinel.events.api import router as events_router
@@ -67,7 +68,7 @@ def create_app(settings: Settings, clock: Clock | None = None, *, migrate: bool 
 
     api = APIRouter(prefix="/api/v1")
     for router in (nodes_router, accelerators_router, fleet_router, jobs_router, events_router, tokens_router,
-                   incidents_router, alerting_router, remediation_router):
+                   incidents_router, alerting_router, remediation_router, checkpoints_router):
         api.include_router(router)
     app.include_router(api)
     app.include_router(ui_router)  # the status page: /ui

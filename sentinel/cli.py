@@ -131,6 +131,16 @@ def _secs(value: float | None) -> str:
     return "-" if value is None else f"{value * 1000:.0f}ms" if value < 10 else f"{value:.1f}s"
 
 
+def _checkpoint_columns(policy: dict[str, Any] | None) -> tuple[str, str, str]:
+    """Last committed step, what a save stalls the loop, and the observed vs recommended (Young/Daly) interval."""
+    if not policy or policy["last_committed_step"] is None:
+        return "-", "-", "-"
+    recommended = policy["interval_recommended_seconds"]
+    every = (f"{_secs(policy['interval_observed_seconds'])} "
+             f"({'no MTBF yet' if recommended is None else _secs(recommended)})")
+    return str(policy["last_committed_step"]), _secs(policy["stall_seconds"]), every
+
+
 def cmd_jobs(args: argparse.Namespace) -> int:
     client = _client(args)
     jobs = client.get("/jobs", state=args.state, limit=args.limit)
@@ -145,9 +155,9 @@ def cmd_jobs(args: argparse.Namespace) -> int:
                                                     else "")
         rows.append((j["id"], j["name"], j["kind"], j["state"], j["world_size"], _pct(m["mfu_ratio"]),
                      _pct(m["allreduce_time_ratio"]), f"{_secs(m['step_seconds_p50'])}/{_secs(m['step_seconds_p95'])}",
-                     tokens, memory, failures))
+                     tokens, memory, failures, *_checkpoint_columns(client.get(f"/jobs/{j['id']}")["checkpoints"])))
     print(table(["JOB", "NAME", "KIND", "STATE", "WORLD", "MFU", "ALLREDUCE", "STEP p50/p95", "TOKENS/S",
-                 "PEAK MEM", "FAILURES"], rows))
+                 "PEAK MEM", "FAILURES", "CKPT STEP", "CKPT STALL", "CKPT EVERY (REC.)"], rows))
     return 0
 
 

@@ -3,15 +3,18 @@
 from __future__ import annotations
 
 from collections.abc import Iterator
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from prometheus_client import CollectorRegistry
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from sentinel.accelerators.service import count_by_health
+from sentinel.clock import to_datetime
 
 if TYPE_CHECKING:
+    from sentinel.checkpoints.schemas import CheckpointPolicy
+    from sentinel.jobs.schemas import JobMetrics
     from sentinel.runtime import Runtime
 
 
@@ -73,6 +76,7 @@ class JobCollector(Collector):
         self._rt = runtime
 
     def collect(self) -> Iterator[Metric]:
+        from sentinel.checkpoints.api import checkpoint_policy, fleet_fault_rate_per_hour
         from sentinel.jobs.api import job_metrics
         from sentinel.jobs.service import JobNotFound, current_placement, get_job
 
@@ -99,20 +103,42 @@ class JobCollector(Collector):
         goodput = GaugeMetricFamily("sentinel_job_goodput_ratio",
                                     "1 − (recovery time + recomputed steps × median step) ÷ time since the job started",
                                     labels=labels)
+        ckpt = {name: GaugeMetricFamily(f"sentinel_job_checkpoint_{name}", doc, labels=labels) for name, doc in (
+            ("step", "Newest committed checkpoint step"),
+            ("stall_seconds", "What a save blocks the training loop for (median of recent saves, slowest rank)"),
+            ("write_seconds", "Background write time of a save (median of recent saves, slowest rank)"),
+            ("size_bytes", "Size of the newest committed checkpoint, all ranks"),
+            ("interval_seconds", "Observed time between committed checkpoints"),
+            ("interval_recommended_seconds", "Young/Daly interval √(2·stall·MTBF) from the live failure rate"),
+        )}
+        ckpt_written = CounterMetricFamily("sentinel_job_checkpoint_written_bytes",
+                                           "Bytes checkpoint saves wrote (only chunks a store lacked)", labels=labels)
+        jobs: list[tuple[Any, dict[int, list[str]], JobMetrics, CheckpointPolicy]] = []
         try:
             with self._rt.factory() as session:
-                jobs = []
+                fleet_rate = fleet_fault_rate_per_hour(session, to_datetime(self._rt.clock.time()))
                 for job_id in self._rt.jobs.job_ids():
                     try:
                         job = get_job(session, job_id)
                     except JobNotFound:
                         continue
-                    jobs.append((job, current_placement(session, job_id)))
+                    placement = current_placement(session, job_id)
+                    m = job_metrics(self._rt, job.id, job.created_at, placement)
+                    policy = checkpoint_policy(self._rt, session, job, failures_per_hour=m.failures_per_hour,
+                                               accelerators=sum(len(a) for a in placement.values()) or job.world_size,
+                                               step_seconds=m.step_seconds_p50, fleet_rate=fleet_rate)
+                    jobs.append((job, placement, m, policy))
         except Exception:  # the database being away must not fail the scrape
             jobs = []
-        for job, placement in jobs:
-            m = job_metrics(self._rt, job.id, job.created_at, placement)
+        for job, _, m, policy in jobs:
             lv = [str(job.id), job.kind]
+            for name, value in (("step", policy.last_committed_step), ("stall_seconds", policy.stall_seconds),
+                                ("write_seconds", policy.write_seconds), ("size_bytes", policy.bytes_total),
+                                ("interval_seconds", policy.interval_observed_seconds),
+                                ("interval_recommended_seconds", policy.interval_recommended_seconds)):
+                if value is not None:
+                    ckpt[name].add_metric(lv, float(value))
+            ckpt_written.add_metric(lv, policy.bytes_written_total)
             for name, value in (("mfu_ratio", m.mfu_ratio), ("allreduce_time_ratio", m.allreduce_time_ratio),
                                 ("allreduce_exposed_time_ratio", m.allreduce_exposed_ratio),
                                 ("tokens_per_second", m.tokens_per_second), ("memory_peak_bytes", m.memory_peak_bytes),
@@ -138,7 +164,8 @@ class JobCollector(Collector):
             if m.goodput_ratio is not None:
                 goodput.add_metric(lv, m.goodput_ratio)
         yield from g.values()
-        yield from (step, rank_step, rank_share, failures, recovered, lost, goodput)
+        yield from (step, rank_step, rank_share, failures, recovered, lost, goodput, ckpt_written)
+        yield from ckpt.values()
 
 
 class ReliabilityCollector(Collector):

@@ -4,6 +4,7 @@ from sentinel.accelerators.models import Accelerator
 from sentinel.alerting.models import DeliveryAttempt, Notification, Silence
 from sentinel.audit.models import AuditEntry
 from sentinel.auth.models import ApiToken
+from sentinel.checkpoints.models import Checkpoint, CheckpointShard
 from sentinel.db import Base
 from sentinel.events.models import Event
 from sentinel.incidents.models import Incident
@@ -18,6 +19,8 @@ __all__ = [
            "AuditEntry",
            "Base",
            "BreakerState",
+           "Checkpoint",
+           "CheckpointShard",
            "DeliveryAttempt",
            "Event",
            "Incident",

@@ -28,7 +28,11 @@ def test_status_jobs_and_inject(tmp_path: Path):
     try:
         agent.report_now(agent.collect())
         wait_for(lambda: len(agent.spool) == 0, what="first report")
-        server.api().post("/jobs", json={"name": "bert-large", "world_size": 8})
+        job = server.api().post("/jobs", json={"name": "bert-large", "world_size": 8}).json()["id"]
+        for rank in range(8):
+            shard = {"manifest_digest": "ab" * 16, "stall_seconds": 0.25,
+                     "locations": [{"tier": "persistent", "uri": "/shared/ckpt"}]}
+            assert server.api().put(f"/jobs/{job}/checkpoints/100/shards/{rank}", json=shard).status_code == 200
         status = run_cli(server, "status")
         assert status.returncode == 0, status.stderr
         lines = status.stdout.splitlines()
@@ -40,8 +44,10 @@ def test_status_jobs_and_inject(tmp_path: Path):
         assert jobs.returncode == 0, jobs.stderr
         header, _, row = jobs.stdout.splitlines()[:3]
         assert header.split() == ["JOB", "NAME", "KIND", "STATE", "WORLD", "MFU", "ALLREDUCE", "STEP", "p50/p95",
-                                  "TOKENS/S", "PEAK", "MEM", "FAILURES"]
-        assert row.split()[1:] == ["bert-large", "training", "pending", "8", "-", "-", "-/-", "-", "-", "0"]
+                                  "TOKENS/S", "PEAK", "MEM", "FAILURES", "CKPT", "STEP", "CKPT", "STALL", "CKPT",
+                                  "EVERY", "(REC.)"]
+        assert row.split()[1:] == ["bert-large", "training", "pending", "8", "-", "-", "-/-", "-", "-", "0", "100",
+                                   "250ms", "-", "(no", "MTBF", "yet)"]
 
         drill = run_cli(server, "inject", "--node", "gpu-07", "--accelerator", "2", "ecc")
         assert drill.returncode == 0, drill.stderr

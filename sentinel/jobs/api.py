@@ -8,6 +8,7 @@ from fastapi import APIRouter, Depends, HTTPException, Query
 
 from sentinel.auth.deps import LAUNCH, READ, allow
 from sentinel.auth.service import Principal
+from sentinel.checkpoints.api import checkpoint_policy
 from sentinel.db import transaction
 from sentinel.deps import not_found, runtime
 from sentinel.jobs import service
@@ -44,7 +45,13 @@ def get_job(job_id: int, rt: RT) -> JobDetail:
             job = service.get_job(session, job_id)
         except service.JobNotFound as exc:
             raise not_found(exc) from exc
-        return JobDetail.model_validate(job).model_copy(update={"tasks": service.job_tasks(session, job_id)})
+        placement = service.current_placement(session, job_id)
+        metrics = job_metrics(rt, job_id, job.created_at, placement)
+        policy = checkpoint_policy(rt, session, job, failures_per_hour=metrics.failures_per_hour,
+                                   accelerators=sum(len(a) for a in placement.values()) or job.world_size,
+                                   step_seconds=metrics.step_seconds_p50)
+        return JobDetail.model_validate(job).model_copy(update={"tasks": service.job_tasks(session, job_id),
+                                                                "checkpoints": policy})
 
 
 @router.get("/{job_id}/metrics", response_model=JobMetrics, dependencies=[Depends(allow(READ))])

@@ -5,6 +5,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from sentinel.checkpoints.schemas import CheckpointPolicy
 from sentinel.telemetry.schemas import Name, Uuid
 
 
@@ -61,6 +62,7 @@ class JobOut(BaseModel):
 
 class JobDetail(JobOut):
     tasks: list[TaskOut] = []
+    checkpoints: CheckpointPolicy | None = None
 
 
 class RankMetrics(BaseModel):

@@ -167,6 +167,13 @@ class JobTelemetry:
         with self._lock:
             self._jobs.pop(job_id, None)
 
+    def last_step(self, job_id: int) -> int | None:
+        """The furthest step any rank of the job reported."""
+        with self._lock:
+            stats = self._jobs.get(job_id)
+            steps = [r.last_step for r in stats.ranks.values() if r.last_step is not None] if stats else []
+        return max(steps) if steps else None
+
     def job_ids(self) -> list[int]:
         with self._lock:
             return sorted(self._jobs)

@@ -37,6 +37,7 @@ class Order(Base):
     # once the job steps again: fault observed → first step, and the steps it recomputes
     recovery_seconds: Mapped[float | None] = mapped_column(Float, nullable=True)
     lost_steps: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    checkpoint_step: Mapped[int | None] = mapped_column(BigInteger, nullable=True)  # the plan it restarts from
 
 
 class Remediation(Base):
