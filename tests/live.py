@@ -120,3 +120,80 @@ class Receiver:
 
     def find(self, event: str, detector: str) -> list[tuple[float, dict[str, Any]]]:
         return [(at, p) for at, p in list(self.pages) if p["event"] == event and p["incident"]["detector"] == detector]
+
+
+# -- a small cluster: a server, sim agents and `sentinel launch` of the demo job ----------------------------------
+DEMO_JOB = ["-m", "sentinel.demo_job"]
+
+
+def start_agent(server: LiveServer, token: str, name: str, work: Path, accelerators: int) -> subprocess.Popen[bytes]:
+    log = open(work / f"agent-{name}.log", "ab")  # noqa: SIM115 - the child keeps it
+    return subprocess.Popen(sentinel_cmd("collector", "--server", server.url, "--token", token, "--node-name", name,
+                                         "--source", f"sim:{accelerators}", "--interval", "1", "--listen",
+                                         f"127.0.0.1:{free_port()}", "--state-dir", str(work / "agents")),
+                            env={**os.environ}, stdout=log, stderr=log, start_new_session=True)
+
+
+def attempts(out: Path) -> dict[int, set[int]]:
+    """attempt → ranks that logged a step in it."""
+    seen: dict[int, set[int]] = {}
+    log = out / "steps.log"
+    if log.exists():
+        for line in log.read_text().splitlines():
+            parts = line.split()
+            if len(parts) == 4:
+                seen.setdefault(int(parts[1]), set()).add(int(parts[0]))
+    return seen
+
+
+class Cluster:
+    def __init__(self, tmp_path: Path, env: dict[str, str] | None = None, nodes: dict[str, int] | None = None):
+        self.work = tmp_path
+        self.server = LiveServer(tmp_path / "server", f"sqlite:///{tmp_path / 'server' / 'sentinel.db'}",
+                                 {"SENTINEL_RESOLVE_AFTER_SECONDS": "600", **(env or {})}).start()
+        token = self.server.token("agent", "agents")
+        self.procs: list[subprocess.Popen[bytes]] = []
+        self.agents: dict[str, subprocess.Popen[bytes]] = {}
+        for name, count in (nodes or {"node-a": 2, "node-b": 2}).items():
+            self.agents[name] = start_agent(self.server, token, name, tmp_path, count)
+            self.procs.append(self.agents[name])
+        self.api = self.server.api()
+        wait_for(lambda: all(self.api.get(f"/nodes/{n}").status_code == 200 for n in self.agents), timeout=30,
+                 what="agents registered")
+
+    def launch(self, name: str, extra: dict[str, str] | None = None, job: list[str] | None = None,
+               kind: str = "training") -> subprocess.Popen[bytes]:
+        """`sentinel launch` of 2 ranks of `python <job>` (default the demo job, which logs its steps to
+        <work>/job/steps.log); OUT_DIR is <work>/job."""
+        out = self.work / "job"
+        out.mkdir(exist_ok=True)
+        env = {**os.environ, "SENTINEL_SERVER": self.server.url, "SENTINEL_TOKEN": self.server.token("launcher", name),
+               "OUT_DIR": str(out), "STEPS": "0", **(extra or {})}
+        log = open(self.work / "launch.log", "ab")  # noqa: SIM115 - the child keeps it
+        proc = subprocess.Popen(sentinel_cmd("launch", "--job", name, "--kind", kind, "--nproc", "2", "--",
+                                             sys.executable, *(job or DEMO_JOB)),
+                                env=env, stdout=log, stderr=log, start_new_session=True)
+        self.procs.append(proc)
+        return proc
+
+    def job(self, name: str) -> dict[str, Any]:
+        jobs = [j for j in self.api.get("/jobs").json() if j["name"] == name]
+        return dict(self.api.get(f"/jobs/{jobs[0]['id']}").json()) if jobs else {}
+
+    def close(self) -> None:
+        for proc in self.procs:
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGINT)
+        for proc in self.procs:
+            try:
+                proc.wait(20)
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+        self.server.stop()
+
+    def logs(self) -> str:
+        return "\n".join(f"--- {p.name}\n{p.read_text()[-3000:]}" for p in sorted(self.work.glob("*.log")))
+
+
+def running(job: dict[str, Any], attempt: int) -> list[dict[str, Any]]:
+    return [t for t in job.get("tasks", []) if t["attempt"] == attempt]

@@ -32,6 +32,7 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from sentinel.accelerators.models import Accelerator
 from sentinel.accelerators.service import set_health
+from sentinel.checkpoints.service import plan_recovery
 from sentinel.clock import Clock, to_datetime
 from sentinel.config import Settings
 from sentinel.db import transaction
@@ -399,8 +400,13 @@ class RemediationEngine:
                              reason=f"incident #{incident_id}" if incident_id else "manual quarantine")
         moved = ", ".join(f"rank {r} → {n}:{','.join(u)}" for r, (n, u) in sorted(placement.items()) if r in replace)
         self._record(session, incident_id, "restart_job", f"job/{job.id}", "done", f"order {order.id}")
+        plan = plan_recovery(session, job)
+        order.checkpoint_step = plan.step
         how = ("replace the replica: drain it, start the replacement, then stop it" if kind == "replace_replica"
-               else "restart from its recovery plan (from the start until it checkpoints)")
+               else "restart")
+        how += f" from checkpoint step {plan.step}" if plan.step is not None else f" ({plan.reason})"
+        if plan.skipped:
+            how += f" [passed over: {'; '.join(plan.skipped[:3])}]"
         out.lines.append(f"order {order.id}: job {job.id} ({job.name}) attempt {order.attempt}, {how}"
                          + (f"; {moved}" if moved else "; same placement"))
         out.jobs.append(job.id)

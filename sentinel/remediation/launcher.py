@@ -117,10 +117,12 @@ class Launcher:
         threading.Thread(target=watch, daemon=True).start()
         return standby
 
-    def _fill_standbys(self) -> None:
+    def _fill_standbys(self, announce: bool = False) -> None:
         if self.warm:
             while len(self.standbys) < self.nproc:
                 self.standbys.append(self._spawn_standby())
+            if announce and all(s.ready.wait(timeout=300) for s in list(self.standbys)):
+                self.say(f"{len(self.standbys)} warm standby(s) ready for the next attempt")
 
     def _start(self, env: dict[str, str]) -> subprocess.Popen[bytes]:
         spec = self._warmable()
@@ -144,6 +146,9 @@ class Launcher:
                "SENTINEL_ACCELERATORS": ",".join(slot["accelerators"]), "PYTHONUNBUFFERED": "1"}
         if slot.get("agent_url"):
             env["SENTINEL_AGENT_URL"] = str(slot["agent_url"])
+        env["SENTINEL_SERVER"] = self.client.server  # for the checkpoint catalog (sentinel.sdk.checkpoint)
+        if self.client.token:
+            env["SENTINEL_TOKEN"] = self.client.token
         return env
 
     def start_attempt(self, placement: list[dict[str, Any]], attempt: int) -> None:
@@ -159,7 +164,7 @@ class Launcher:
         self.ranks, self.attempt = started, attempt
         where = ", ".join(f"rank {r.rank} → {r.node}:{','.join(r.accelerators)} (pid {r.proc.pid})" for r in started)
         self.say(f"attempt {attempt} started ({'warm' if self.warm else 'cold'}, port {port}): {where}")
-        threading.Thread(target=self._fill_standbys, daemon=True).start()
+        threading.Thread(target=self._fill_standbys, args=(True,), daemon=True).start()
 
     @staticmethod
     def _kill(proc: subprocess.Popen[bytes]) -> None:
@@ -196,15 +201,19 @@ class Launcher:
         self.client.post(f"/orders/{order['id']}/ack", {"status": "acknowledged", "detail": "launcher got it"})
         self.say(f"order {order['id']}: {order['kind']} as attempt {order['attempt']} ({order['reason']})")
         old = list(self.ranks)
+        stopped = 0.0
         if order["kind"] == "replace_replica":
             self.start_attempt(order["placement"], order["attempt"])  # the replacement first, then the old one
             self.stop_ranks(old)
         else:
             self.stop_ranks(old)
+            stopped = time.monotonic() - received
             self.start_attempt(order["placement"], order["attempt"])
         took = time.monotonic() - received
         self.restarts.append({"order": order["id"], "attempt": order["attempt"], "seconds": took})
         detail = f"attempt {order['attempt']} started in {took:.2f}s"
+        if order["kind"] != "replace_replica":
+            detail += f" ({stopped:.2f}s of it stopping the old ranks)"
         self.client.post(f"/orders/{order['id']}/ack", {"status": "done", "detail": detail})
 
     # -- the whole run --------------------------------------------------------------------------------

@@ -35,6 +35,7 @@ class OrderOut(BaseModel):
     result: str
     recovery_seconds: float | None = None
     lost_steps: int | None = None
+    checkpoint_step: int | None = None  # the recovery plan's step when the order was issued (None: from scratch)
 
 
 class OrderAck(BaseModel):
