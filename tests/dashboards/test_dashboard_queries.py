@@ -213,15 +213,21 @@ def test_example_prometheus_config(tmp_path: Path) -> None:
 
 # -- the live run --------------------------------------------------------------------------------------------
 
-# A rank or replica: steps with a timed collective inside, until its crash file appears (then it dies of an
-# uncaught exception, as a process does on a CUDA error after its GPU fell off the bus).
+# A rank or replica: steps with a timed collective inside, checkpointing a small state every 10 steps,
+# until its crash file appears (then it dies of an uncaught exception, as a process does on a CUDA error
+# after its GPU fell off the bus).
 WORKER = """
 import os, time
+import numpy as np
 import sentinel.sdk
+from sentinel.sdk.checkpoint import CheckpointManager
 
 tel = sentinel.sdk.init()
 tel.set_model(flops_per_token=2e6)
+ckpt = CheckpointManager(every=10)
+weights = np.zeros(1 << 16, dtype=np.float32)
 crash = os.environ["CRASH_FILE"]
+step = 0
 while True:
     if os.path.exists(crash):
         raise RuntimeError("CUDA error: unspecified launch failure (the test's crash file)")
@@ -229,6 +235,9 @@ while True:
         time.sleep(0.03)
         with tel.collective("all_reduce", nbytes=1 << 20):
             time.sleep(0.01)
+    step += 1
+    weights[step % weights.size] += 1.0
+    ckpt.save(step, {"weights": weights})
 """
 
 
@@ -240,6 +249,7 @@ class Launcher:
                                 timeout=30)
         self.work = work
         self.agent_urls = agent_urls
+        self.server_url, self.token = server.url, token
         self.ranks: dict[tuple[int, int], tuple[int, subprocess.Popen[bytes]]] = {}  # (job, rank) → (attempt, proc)
         self.stopped: list[subprocess.Popen[bytes]] = []
 
@@ -256,6 +266,8 @@ class Launcher:
 
     def start(self, job_id: int, rank: int, attempt: int, node: str, uuid: str) -> None:
         env = {**os.environ, "SENTINEL_JOB_ID": str(job_id), "SENTINEL_RANK": str(rank),
+               "SENTINEL_SERVER": self.server_url, "SENTINEL_TOKEN": self.token, "SENTINEL_NODE": node,
+               "SENTINEL_CHECKPOINT_LOCAL_DIR": str(self.work / "checkpoints" / "{node}"),
                "SENTINEL_ATTEMPT": str(attempt), "SENTINEL_AGENT_URL": self.agent_urls[node],
                "CRASH_FILE": str(self.crash_file(job_id, rank, attempt))}
         log = open(self.work / f"job-{job_id}-rank-{rank}-attempt-{attempt}.log", "ab")  # noqa: SIM115
