@@ -16,6 +16,7 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from sentinel.alerting.dispatcher import Dispatcher
 from sentinel.auth.service import TokenCache, count_tokens, create_token
+from sentinel.checkpoints.ledger import CheckpointLedger
 from sentinel.clock import Clock, SystemClock, to_datetime
 from sentinel.config import Settings
 from sentinel.db import make_engine, make_sessionmaker, transaction, upgrade
@@ -54,6 +55,7 @@ class Runtime:
     detection: DetectionEngine
     dispatcher: Dispatcher
     remediation: RemediationEngine
+    checkpoints: CheckpointLedger
     assignments: dict[int, list[Assignment]] = field(default_factory=dict)
     assignments_lock: threading.Lock = field(default_factory=threading.Lock)
     plugin_errors: dict[str, int] = field(default_factory=dict)
@@ -68,13 +70,13 @@ class Runtime:
         samples = SampleStore(settings.window_samples)
         ingest = Ingest(factory=factory, fleet=fleet, samples=samples, clock=clock,
                         writer=GroupCommitWriter(factory))
-        jobs, history = JobTelemetry(), FaultHistory()
+        jobs, history, checkpoints = JobTelemetry(), FaultHistory(), CheckpointLedger()
         dispatcher = Dispatcher(factory, settings, clock)
         incidents = Incidents(factory, settings, clock, enqueued=dispatcher.enqueued)
         holder: list[Runtime] = []
         ctx = DetectionContext(settings=settings, clock=clock, fleet=fleet, samples=samples, jobs=jobs,
                                catalog=FaultCatalog.load(settings.fault_catalog_file), history=history,
-                               assignments=lambda: holder[0].assignments)
+                               assignments=lambda: holder[0].assignments, checkpoints=checkpoints)
         errors: dict[str, int] = {}
         detection = DetectionEngine(ctx, load_detectors(settings), incidents, errors)
         commands = CommandQueue()
@@ -85,7 +87,7 @@ class Runtime:
         runtime = cls(settings=settings, clock=clock, engine=engine, factory=factory, fleet=fleet,
                       samples=samples, ingest=ingest, tokens=TokenCache(factory), commands=commands,
                       jobs=jobs, history=history, incidents=incidents, detection=detection, dispatcher=dispatcher,
-                      remediation=remediation, plugin_errors=errors)
+                      remediation=remediation, plugin_errors=errors, checkpoints=checkpoints)
         holder.append(runtime)
         return runtime
 
@@ -98,6 +100,7 @@ class Runtime:
             self.assignments = assignments_by_node(session)
             self.jobs.load(session)
             self.history.load(session, now=self.clock.time())
+            self.checkpoints.load(session)
             self.incidents.load(session)
             self.remediation.load(session)
         self.ingest.listeners.append(self._on_report)

@@ -81,9 +81,11 @@ def put_shard(job_id: int, step: StepPath, rank: Rank, spec: ShardCreate, rt: RT
         with transaction(rt.factory) as session:
             job = _job(session, job_id)
             accepted = service.register_shard(session, job, step, rank, spec, actor=who.actor)
-            state = accepted.checkpoint.state
+            state, world_size = accepted.checkpoint.state, job.world_size
     except service.CheckpointRejected as exc:
         raise HTTPException(exc.status, str(exc)) from exc
+    rt.checkpoints.shard(job_id, step, rank, world_size=world_size, committed=accepted.committed_now,
+                         at=rt.clock.time())
     if accepted.committed_now:
         log.info("checkpoint committed: job=%d step=%d attempt=%d retired=%s", job_id, step, spec.attempt,
                  [s for s, _ in accepted.retired[-5:]])

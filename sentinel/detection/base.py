@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar
 
 if TYPE_CHECKING:
+    from sentinel.checkpoints.ledger import CheckpointLedger
     from sentinel.clock import Clock
     from sentinel.config import Settings
     from sentinel.detection.catalog import FaultCatalog
@@ -111,6 +112,7 @@ class DetectionContext:
     assignments: Callable[[], dict[int, list[Assignment]]]  # node id → tasks placed there
     # (job, attempt) → True when Sentinel ordered a newer attempt: that attempt's exits are expected
     restarting: Callable[[int, int], bool] = lambda job_id, attempt: False
+    checkpoints: CheckpointLedger | None = None  # recent commits per job (the catalog keeps it current)
 
     def node_of(self, uuid: str) -> str | None:
         for live in self.fleet.all():

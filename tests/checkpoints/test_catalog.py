@@ -236,3 +236,23 @@ def test_each_serving_replica_gets_its_own_newest_usable_shard(client, launcher,
     assert [(r["rank"], r["step"]) for r in plan["ranks"]] == [(0, 1), (1, 1)]  # replica 2 never saved
     assert plan["skipped"] == ["step 2: rank 1's shard is only on the local tier of node-b (quarantined) and "
                                "not replicated"]
+
+
+def test_the_detectors_ledger_follows_commits_and_is_rebuilt_from_sql(client, launcher, clock):
+    """checkpoint_stale reads commits from memory; the catalog keeps that current, and a restart reloads it."""
+    from sentinel.checkpoints.ledger import CheckpointLedger
+
+    rt = client.app.state.runtime
+    job = new_job(client, launcher)
+    for step in (10, 20):
+        clock.advance(60)
+        put(client, launcher, job, step, 0, shard("node-a"))
+        put(client, launcher, job, step, 1, shard("node-a"))
+    put(client, launcher, job, 30, 0, shard("node-a"))  # rank 1's shard of step 30 never comes
+    view = rt.checkpoints.view(job)
+    assert [s for _, s in view.commits] == [10, 20] and view.pending_step == 30 and view.pending_ranks == {0}
+    assert view.commits[1][0] - view.commits[0][0] == pytest.approx(60)
+    reloaded = CheckpointLedger()
+    with rt.factory() as session:
+        reloaded.load(session)
+    assert [s for _, s in reloaded.view(job).commits] == [10, 20]

@@ -6,6 +6,7 @@ from collections.abc import Callable
 
 from sentinel.detection.base import Detector, Evaluation
 from sentinel.detection.detectors.allreduce_spike import AllreduceSpikeDetector
+from sentinel.detection.detectors.checkpoint_stale import CheckpointStaleDetector
 from sentinel.detection.detectors.lemon import LemonDetector
 from sentinel.detection.detectors.memory import MemoryDetector
 from sentinel.detection.detectors.mfu_drop import MfuDropDetector
@@ -143,3 +144,25 @@ def lemon() -> Outcome:
     world.fault("node-2", "GPU-node-2-0", days_ago=2.0, xid=79)  # the rest of the fleet: one fault
     detector = LemonDetector(world.settings)
     return world, detector, [(0.0, world.evaluate(detector))]
+
+
+def checkpoint_stale(stop_at: float = 300.0, seconds: float = 900.0, stepping: Callable[[float], bool] = lambda t: True,
+                     resume_at: float | None = None) -> Outcome:
+    """Two ranks stepping ~1 s and committing a checkpoint every 60 s; from `stop_at` rank 1's saves stop
+    registering (rank 0's still do), until `resume_at`."""
+    world = World()
+    training_job(world, ranks=2)
+    detector = CheckpointStaleDetector(world.settings)
+
+    def tick(t: float) -> None:
+        if stepping(t):
+            for rank in range(2):
+                world.steps("node-a", 1, rank, [jitter(rank, i) for i in range(10)])
+        if t % 60 == 0:
+            failing = stop_at <= t and (resume_at is None or t < resume_at)
+            step = int(t)
+            world.checkpoints.shard(1, step, 0, world_size=2, committed=False, at=world.now)
+            if not failing:
+                world.checkpoints.shard(1, step, 1, world_size=2, committed=True, at=world.now)
+
+    return world, detector, run(world, detector, seconds, tick)

@@ -7,6 +7,7 @@ import json
 from collections.abc import Callable
 from typing import Any
 
+from sentinel.checkpoints.ledger import CheckpointLedger
 from sentinel.config import Settings
 from sentinel.detection.base import DetectionContext, Detector, Evaluation, Finding
 from sentinel.detection.history import Fault, FaultHistory
@@ -33,9 +34,11 @@ class World:
         self.jobs = JobTelemetry()
         self.history = FaultHistory()
         self.assignments: dict[int, list[Assignment]] = {}
+        self.checkpoints = CheckpointLedger()
         self.ctx = DetectionContext(settings=self.settings, clock=self.clock, fleet=self.fleet, samples=self.samples,
                                     jobs=self.jobs, catalog=None,  # type: ignore[arg-type]
-                                    history=self.history, assignments=lambda: self.assignments)
+                                    history=self.history, assignments=lambda: self.assignments,
+                                    checkpoints=self.checkpoints)
         self._last_step: dict[tuple[int, int], int] = {}
 
     @property

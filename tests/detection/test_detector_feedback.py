@@ -18,6 +18,7 @@ TRUE_POSITIVES: dict[str, Callable[[], scenarios.Outcome]] = {
     "throttle": scenarios.throttle,
     "memory": scenarios.leak,
     "lemon": scenarios.lemon,
+    "checkpoint_stale": scenarios.checkpoint_stale,
 }
 
 
