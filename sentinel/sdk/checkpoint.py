@@ -94,7 +94,8 @@ class CheckpointManager:
                  write_bytes_per_second: float | None = None, attempt: int | None = None):
         self.job_id = job_id if job_id is not None else (_env_int("SENTINEL_JOB_ID") or 0)
         self.rank = rank if rank is not None else (_env_int("SENTINEL_RANK", "RANK") or 0)
-        self.attempt = attempt if attempt is not None else (_env_int("SENTINEL_ATTEMPT") or 0)
+        attempt = attempt if attempt is not None else _env_int("SENTINEL_ATTEMPT", "TORCHELASTIC_RESTART_COUNT")
+        self.attempt = attempt or 0  # under torchrun too: a restarted attempt may save a step again
         self.node = node or os.environ.get("SENTINEL_NODE") or os.uname().nodename
         self.local_template = (local_dir or os.environ.get("SENTINEL_CHECKPOINT_LOCAL_DIR")
                                or os.path.join(tempfile.gettempdir(), "sentinel-checkpoints", "{node}"))
