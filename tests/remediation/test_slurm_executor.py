@@ -125,7 +125,7 @@ SelectType=select/cons_tres
 SelectTypeParameters=CR_Core
 ReturnToService=2
 MpiDefault=none
-SchedulerParameters=batch_sched_delay=0
+SchedulerParameters=batch_sched_delay=0,sched_interval=5
 NodeName={SLURM_NODE} NodeHostname={host} NodeAddr=127.0.0.1 CPUs=1 RealMemory=100 State=UNKNOWN
 PartitionName=debug Nodes={SLURM_NODE} Default=YES MaxTime=INFINITE State=UP
 """)
