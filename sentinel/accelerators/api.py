@@ -8,7 +8,7 @@ from sentinel.accelerators.schemas import AcceleratorOut, FleetReliability, Node
 from sentinel.accelerators.service import fault_rates, list_accelerators
 from sentinel.auth.deps import READ, allow
 from sentinel.clock import to_datetime
-from sentinel.deps import runtime
+from sentinel.deps import Offset, runtime
 from sentinel.runtime import Runtime
 
 router = APIRouter(prefix="/accelerators", tags=["accelerators"])
@@ -18,7 +18,7 @@ router = APIRouter(prefix="/accelerators", tags=["accelerators"])
 def get_accelerators(rt: Annotated[Runtime, Depends(runtime)], node: str | None = None,
                      health: Literal["healthy", "suspect", "quarantined"] | None = None,
                      limit: Annotated[int, Query(ge=1, le=10_000)] = 1000,
-                     offset: Annotated[int, Query(ge=0)] = 0) -> list[AcceleratorOut]:
+                     offset: Offset = 0) -> list[AcceleratorOut]:
     with rt.factory() as session:
         rows = list_accelerators(session, node=node, health=health, limit=limit, offset=offset)
     return [with_latest(rt, AcceleratorOut.model_validate(acc).model_copy(update={"node": name})) for acc, name in rows]

@@ -16,7 +16,7 @@ from sentinel.auth.deps import OPERATE, READ, allow
 from sentinel.auth.service import Principal
 from sentinel.clock import to_datetime
 from sentinel.db import transaction
-from sentinel.deps import not_found, runtime
+from sentinel.deps import IdPath, IdQuery, not_found, runtime
 from sentinel.runtime import Runtime
 
 log = logging.getLogger("sentinel.alerting")
@@ -39,7 +39,7 @@ def get_silences(rt: RT, include_expired: Annotated[bool, Query(alias="all")] = 
 
 
 @router.get("/silences/{silence_id}", response_model=SilenceOut, dependencies=[Depends(allow(READ))])
-def get_silence(silence_id: int, rt: RT) -> SilenceOut:
+def get_silence(silence_id: IdPath, rt: RT) -> SilenceOut:
     with rt.factory() as session:
         silence = session.get(Silence, silence_id)
         if silence is None:
@@ -67,7 +67,7 @@ def post_silence(spec: SilenceCreate, rt: RT, who: Annotated[Principal, Depends(
 
 
 @router.delete("/silences/{silence_id}", response_model=SilenceOut)
-def delete_silence(silence_id: int, rt: RT, who: Annotated[Principal, Depends(allow(OPERATE))]) -> SilenceOut:
+def delete_silence(silence_id: IdPath, rt: RT, who: Annotated[Principal, Depends(allow(OPERATE))]) -> SilenceOut:
     """Expire now. Notifications it held back for still-open incidents go out."""
     now = to_datetime(rt.clock.time())
     try:
@@ -86,7 +86,7 @@ def delete_silence(silence_id: int, rt: RT, who: Annotated[Principal, Depends(al
 
 
 @router.get("/notifications", response_model=list[NotificationOut], dependencies=[Depends(allow(READ))])
-def get_notifications(rt: RT, incident: int | None = None,
+def get_notifications(rt: RT, incident: IdQuery = None,
                       limit: Annotated[int, Query(ge=1, le=1000)] = 100) -> list[NotificationOut]:
     """Newest first, each with its delivery attempts."""
     with rt.factory() as session:

@@ -2,9 +2,10 @@ from __future__ import annotations
 
 from datetime import datetime
 
-from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from sentinel.alerting.service import MAX_MATCHERS, MAX_SILENCE
+from sentinel.telemetry.schemas import IsoDateTime
 
 
 class Matcher(BaseModel):
@@ -25,7 +26,7 @@ class SilenceCreate(BaseModel):
 
     matchers: list[Matcher] = Field(min_length=1, max_length=MAX_MATCHERS)
     duration_seconds: float | None = Field(default=None, gt=0, le=MAX_SILENCE.total_seconds())
-    ends_at: AwareDatetime | None = None
+    ends_at: IsoDateTime | None = None
     comment: str = Field(default="", max_length=1024)
 
     @model_validator(mode="after")

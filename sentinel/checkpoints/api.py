@@ -26,7 +26,8 @@ from sentinel.checkpoints.schemas import (
 )
 from sentinel.clock import to_datetime
 from sentinel.db import transaction
-from sentinel.deps import not_found, runtime
+from sentinel.deps import IdPath, not_found, runtime
+from sentinel.errors import CONFLICT
 from sentinel.jobs.models import Job
 from sentinel.jobs.service import JobNotFound, get_job
 from sentinel.runtime import Runtime
@@ -45,8 +46,9 @@ def _job(session: Session, job_id: int) -> Job:
         raise not_found(exc) from exc
 
 
-@router.post("/checkpoints", response_model=CheckpointOut, status_code=201)
-def create_checkpoint(job_id: int, spec: CheckpointCreate, rt: RT, response: Response,
+@router.post("/checkpoints", response_model=CheckpointOut, status_code=201,
+             responses={200: {"description": "The step was already announced", "model": CheckpointOut}})
+def create_checkpoint(job_id: IdPath, spec: CheckpointCreate, rt: RT, response: Response,
                       who: Annotated[Principal, Depends(allow(LAUNCH))]) -> CheckpointOut:
     """Announce a step (optional: a shard announces its step too). 200 when it already exists."""
     with transaction(rt.factory) as session:
@@ -59,13 +61,13 @@ def create_checkpoint(job_id: int, spec: CheckpointCreate, rt: RT, response: Res
 
 
 @router.get("/checkpoints", response_model=list[CheckpointOut], dependencies=[Depends(allow(READ))])
-def list_checkpoints(job_id: int, rt: RT, limit: Annotated[int, Query(ge=1, le=1000)] = 100) -> list[CheckpointOut]:
+def list_checkpoints(job_id: IdPath, rt: RT, limit: Annotated[int, Query(ge=1, le=1000)] = 100) -> list[CheckpointOut]:
     with rt.factory() as session:
         return service.list_checkpoints(session, _job(session, job_id), limit=limit)
 
 
 @router.get("/checkpoints/{step}", response_model=CheckpointDetail, dependencies=[Depends(allow(READ))])
-def get_checkpoint(job_id: int, step: StepPath, rt: RT) -> CheckpointDetail:
+def get_checkpoint(job_id: IdPath, step: StepPath, rt: RT) -> CheckpointDetail:
     with rt.factory() as session:
         try:
             return service.checkpoint_detail(session, _job(session, job_id), step)
@@ -73,8 +75,8 @@ def get_checkpoint(job_id: int, step: StepPath, rt: RT) -> CheckpointDetail:
             raise not_found(exc) from exc
 
 
-@router.put("/checkpoints/{step}/shards/{rank}", response_model=ShardAccepted)
-def put_shard(job_id: int, step: StepPath, rank: Rank, spec: ShardCreate, rt: RT,
+@router.put("/checkpoints/{step}/shards/{rank}", response_model=ShardAccepted, responses=CONFLICT)
+def put_shard(job_id: IdPath, step: StepPath, rank: Rank, spec: ShardCreate, rt: RT,
               who: Annotated[Principal, Depends(allow(LAUNCH))]) -> ShardAccepted:
     """One rank's manifest is written; the step commits when every rank of the same attempt is in."""
     try:
@@ -95,7 +97,7 @@ def put_shard(job_id: int, step: StepPath, rank: Rank, spec: ShardCreate, rt: RT
 
 
 @router.post("/checkpoints/{step}/shards/{rank}/invalid", response_model=RecoveryPlan)
-def report_invalid(job_id: int, step: StepPath, rank: Rank, body: ShardInvalid, rt: RT,
+def report_invalid(job_id: IdPath, step: StepPath, rank: Rank, body: ShardInvalid, rt: RT,
                    who: Annotated[Principal, Depends(allow(LAUNCH))]) -> RecoveryPlan:
     """A rank's restore found this shard damaged: the plan skips the step; answers the new plan."""
     try:
@@ -111,7 +113,7 @@ def report_invalid(job_id: int, step: StepPath, rank: Rank, body: ShardInvalid, 
 
 
 @router.get("/recovery-plan", response_model=RecoveryPlan, dependencies=[Depends(allow(READ))])
-def recovery_plan(job_id: int, rt: RT) -> RecoveryPlan:
+def recovery_plan(job_id: IdPath, rt: RT) -> RecoveryPlan:
     with rt.factory() as session:
         plan = service.plan_recovery(session, _job(session, job_id))
     return with_progress(rt, plan)

@@ -17,6 +17,7 @@ from sentinel.telemetry.schemas import EVENT_KINDS, HardwareEvent
 SEVERITIES = ("info", "warning", "critical")
 ACTIONS = ("record", "restart_task", "reset_accelerator", "restart_node")
 LAYERS = ("hardware", "interconnect", "compute", "input_pipeline", "checkpoint_io", "software")
+MAX_XID = 100_000  # as HardwareEvent.xid
 
 
 class CatalogError(ValueError):
@@ -51,7 +52,9 @@ def _fill(template: str, values: dict[str, Any]) -> str:
     return out
 
 
-def _entry(where: str, raw: dict[str, Any]) -> CatalogEntry:
+def _entry(where: str, raw: object) -> CatalogEntry:
+    if not isinstance(raw, dict):
+        raise CatalogError(f"{where}: must be a table, not {type(raw).__name__} {raw!r:.40}")
     known = {"title", "severity", "action", "layer", "explanation", "next_steps", "codes"}
     unknown = set(raw) - known
     if unknown:
@@ -64,8 +67,16 @@ def _entry(where: str, raw: dict[str, Any]) -> CatalogEntry:
     steps = raw.get("next_steps", [])
     if not isinstance(steps, list) or not all(isinstance(s, str) for s in steps):
         raise CatalogError(f"{where}: next_steps must be a list of strings")
+    explanation = raw.get("explanation", "")
+    if not isinstance(explanation, str):
+        raise CatalogError(f"{where}: explanation must be a string")
     return CatalogEntry(title=raw["title"], severity=raw["severity"], action=raw["action"], layer=raw["layer"],
-                        explanation=str(raw.get("explanation", "")), next_steps=tuple(steps))
+                        explanation=explanation, next_steps=tuple(steps))
+
+
+def _is_xid(code: object) -> bool:
+    # bool is an int to Python: `codes = [true]` must not silently mean XID 1
+    return isinstance(code, int) and not isinstance(code, bool) and 0 <= code <= MAX_XID
 
 
 @dataclass(frozen=True)
@@ -80,7 +91,11 @@ class FaultCatalog:
             text = resources.files("sentinel.detection").joinpath("fault_catalog.toml").read_text()
             where = "built-in fault catalog"
         else:
-            text, where = Path(path).read_text(), str(path)
+            where = str(path)
+            try:
+                text = Path(path).read_bytes().decode("utf-8")
+            except UnicodeDecodeError as exc:
+                raise CatalogError(f"{where}: not UTF-8 text: {exc}") from exc
         try:
             data = tomllib.loads(text)
         except tomllib.TOMLDecodeError as exc:
@@ -89,21 +104,34 @@ class FaultCatalog:
 
     @classmethod
     def parse(cls, data: dict[str, Any], where: str = "fault catalog") -> FaultCatalog:
+        unknown = set(data) - {"xid", "default_xid", "event"}
+        if unknown:  # `[[xids]]` for `[[xid]]` would otherwise load a catalog without a single XID
+            raise CatalogError(f"{where}: unknown table(s) {', '.join(sorted(map(repr, unknown)))}; "
+                               "expected [[xid]], [default_xid] and [event.<kind>]")
+        tables = data.get("xid", [])
+        if not isinstance(tables, list):
+            raise CatalogError(f"{where}: xid must be an array of tables ([[xid]])")
         xids: dict[int, CatalogEntry] = {}
-        for i, raw in enumerate(data.get("xid", [])):
+        first_listed: dict[int, int] = {}
+        for i, raw in enumerate(tables):
             entry = _entry(f"{where}: xid entry {i + 1}", raw)
             codes = raw.get("codes")
-            if not isinstance(codes, list) or not codes or not all(isinstance(c, int) for c in codes):
-                raise CatalogError(f"{where}: xid entry {i + 1} needs codes = [integers]")
+            if not isinstance(codes, list) or not codes or not all(_is_xid(c) for c in codes):
+                raise CatalogError(f"{where}: xid entry {i + 1} needs codes = [integers from 0 to {MAX_XID}]")
             for code in codes:
                 if code in xids:
-                    raise CatalogError(f"{where}: XID {code} is listed twice")
+                    raise CatalogError(f"{where}: xid entry {i + 1}: XID {code} is listed twice "
+                                       f"(also in xid entry {first_listed[code] + 1})")
                 xids[code] = entry
+                first_listed[code] = i
         if "default_xid" not in data:
             raise CatalogError(f"{where}: needs a [default_xid] table")
         default = _entry(f"{where}: default_xid", data["default_xid"])
+        kinds = data.get("event", {})
+        if not isinstance(kinds, dict):
+            raise CatalogError(f"{where}: event must be a table of [event.<kind>] tables")
         events: dict[str, CatalogEntry] = {}
-        for kind, raw in data.get("event", {}).items():
+        for kind, raw in kinds.items():
             if kind not in EVENT_KINDS or kind == "xid":
                 raise CatalogError(f"{where}: [event.{kind}] is not an event kind; one of "
                                    f"{', '.join(k for k in EVENT_KINDS if k != 'xid')}")
@@ -113,9 +141,23 @@ class FaultCatalog:
             raise CatalogError(f"{where}: no entry for event kind(s) {', '.join(missing)}")
         return cls(xids=xids, default_xid=default, events=events)
 
+    def to_dict(self) -> dict[str, Any]:
+        """The catalog as the TOML document `parse` reads: XIDs with the same entry share one [[xid]] table."""
+        grouped: dict[CatalogEntry, list[int]] = {}
+        for code, entry in sorted(self.xids.items()):
+            grouped.setdefault(entry, []).append(code)
+        return {"xid": [{"codes": codes, **_entry_dict(entry)} for entry, codes in grouped.items()],
+                "default_xid": _entry_dict(self.default_xid),
+                "event": {kind: _entry_dict(entry) for kind, entry in self.events.items()}}
+
     def lookup(self, event: HardwareEvent) -> CatalogEntry:
         if event.kind == "xid":
             if event.xid is None:
                 return self.default_xid
             return self.xids.get(event.xid, self.default_xid)
         return self.events[event.kind]
+
+
+def _entry_dict(entry: CatalogEntry) -> dict[str, Any]:
+    return {"title": entry.title, "severity": entry.severity, "action": entry.action, "layer": entry.layer,
+            "explanation": entry.explanation, "next_steps": list(entry.next_steps)}

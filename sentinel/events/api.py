@@ -6,6 +6,7 @@ from fastapi import APIRouter, Depends, HTTPException, Query
 
 from sentinel.auth.deps import READ, allow
 from sentinel.deps import runtime
+from sentinel.errors import NOT_FOUND
 from sentinel.events.schemas import EventOut
 from sentinel.events.service import list_events
 from sentinel.runtime import Runtime
@@ -13,7 +14,7 @@ from sentinel.runtime import Runtime
 router = APIRouter(prefix="/events", tags=["events"])
 
 
-@router.get("", response_model=list[EventOut], dependencies=[Depends(allow(READ))])
+@router.get("", response_model=list[EventOut], dependencies=[Depends(allow(READ))], responses=NOT_FOUND)
 def get_events(rt: Annotated[Runtime, Depends(runtime)], node: str | None = None, kind: str | None = None,
                accelerator: str | None = None, limit: Annotated[int, Query(ge=1, le=1000)] = 100) -> list[EventOut]:
     node_id = None

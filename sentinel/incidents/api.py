@@ -13,7 +13,8 @@ from sentinel.audit.service import record
 from sentinel.auth.deps import OPERATE, READ, allow
 from sentinel.auth.service import Principal
 from sentinel.db import transaction
-from sentinel.deps import not_found, runtime
+from sentinel.deps import MAX_ID, BigIdPath, Offset, not_found, runtime
+from sentinel.errors import CONFLICT
 from sentinel.incidents import render, service
 from sentinel.incidents.schemas import IncidentDetail, IncidentList, IncidentOut, IncidentUpdate
 from sentinel.runtime import Runtime
@@ -29,10 +30,10 @@ STATES = {"active": ("open", "acknowledged"), "open": ("open",), "acknowledged":
 def list_incidents(rt: RT, state: Literal["active", "open", "acknowledged", "resolved", "all"] = "active",
                    severity: Literal["info", "warning", "critical"] | None = None,
                    node: Annotated[str | None, Query(max_length=128)] = None,
-                   job: Annotated[int | None, Query(ge=1)] = None,
+                   job: Annotated[int | None, Query(ge=1, le=MAX_ID)] = None,
                    detector: Annotated[str | None, Query(max_length=64)] = None,
                    limit: Annotated[int, Query(ge=1, le=1000)] = 100,
-                   offset: Annotated[int, Query(ge=0)] = 0) -> IncidentList:
+                   offset: Offset = 0) -> IncidentList:
     """Newest first. `state=active` (the default) is open and acknowledged ones."""
     with rt.factory() as session:
         rows, total = service.list_incidents(session, states=STATES[state], severity=severity, node=node,
@@ -41,7 +42,7 @@ def list_incidents(rt: RT, state: Literal["active", "open", "acknowledged", "res
 
 
 @router.get("/{incident_id}", response_model=IncidentDetail, dependencies=[Depends(allow(READ))])
-def get_incident(incident_id: int, rt: RT) -> IncidentDetail:
+def get_incident(incident_id: BigIdPath, rt: RT) -> IncidentDetail:
     """Everything: the evidence window, the comparison, what Sentinel did, what to check next, and the
     notifications sent about it."""
     with rt.factory() as session:
@@ -71,15 +72,15 @@ def _change(rt: Runtime, incident_id: int, who: Principal, what: str, note: str)
     return out
 
 
-@router.post("/{incident_id}/ack", response_model=IncidentOut)
-def acknowledge(incident_id: int, rt: RT, who: Annotated[Principal, Depends(allow(OPERATE))],
+@router.post("/{incident_id}/ack", response_model=IncidentOut, responses=CONFLICT)
+def acknowledge(incident_id: BigIdPath, rt: RT, who: Annotated[Principal, Depends(allow(OPERATE))],
                 body: Annotated[IncidentUpdate | None, Body()] = None) -> IncidentOut:
     """Someone is on it: stops re-escalation (PagerDuty acknowledge). Acknowledging twice is a no-op."""
     return _change(rt, incident_id, who, "ack", (body or IncidentUpdate()).note)
 
 
-@router.post("/{incident_id}/resolve", response_model=IncidentOut)
-def resolve(incident_id: int, rt: RT, who: Annotated[Principal, Depends(allow(OPERATE))],
+@router.post("/{incident_id}/resolve", response_model=IncidentOut, responses=CONFLICT)
+def resolve(incident_id: BigIdPath, rt: RT, who: Annotated[Principal, Depends(allow(OPERATE))],
             body: Annotated[IncidentUpdate | None, Body()] = None) -> IncidentOut:
     """Close it by hand; receivers that were paged get a resolve. Resolving twice is a no-op."""
     return _change(rt, incident_id, who, "resolve", (body or IncidentUpdate()).note)

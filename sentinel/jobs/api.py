@@ -10,7 +10,8 @@ from sentinel.auth.deps import LAUNCH, READ, allow
 from sentinel.auth.service import Principal
 from sentinel.checkpoints.api import checkpoint_policy
 from sentinel.db import transaction
-from sentinel.deps import not_found, runtime
+from sentinel.deps import IdPath, Offset, not_found, runtime
+from sentinel.errors import CONFLICT
 from sentinel.jobs import service
 from sentinel.jobs.schemas import JobCreate, JobDetail, JobMetrics, JobOut, TaskCreate, TaskOut
 from sentinel.runtime import Runtime
@@ -33,13 +34,13 @@ def create_job(spec: JobCreate, rt: RT, who: Annotated[Principal, Depends(allow(
 
 @router.get("", response_model=list[JobOut], dependencies=[Depends(allow(READ))])
 def list_jobs(rt: RT, state: str | None = None, limit: Annotated[int, Query(ge=1, le=1000)] = 100,
-              offset: Annotated[int, Query(ge=0)] = 0) -> list[JobOut]:
+              offset: Offset = 0) -> list[JobOut]:
     with rt.factory() as session:
         return [JobOut.model_validate(j) for j in service.list_jobs(session, state=state, limit=limit, offset=offset)]
 
 
 @router.get("/{job_id}", response_model=JobDetail, dependencies=[Depends(allow(READ))])
-def get_job(job_id: int, rt: RT) -> JobDetail:
+def get_job(job_id: IdPath, rt: RT) -> JobDetail:
     with rt.factory() as session:
         try:
             job = service.get_job(session, job_id)
@@ -55,7 +56,7 @@ def get_job(job_id: int, rt: RT) -> JobDetail:
 
 
 @router.get("/{job_id}/metrics", response_model=JobMetrics, dependencies=[Depends(allow(READ))])
-def get_job_metrics(job_id: int, rt: RT) -> JobMetrics:
+def get_job_metrics(job_id: IdPath, rt: RT) -> JobMetrics:
     """The job's four signals over the recent window, job-wide and per rank."""
     with rt.factory() as session:
         try:
@@ -81,8 +82,8 @@ def job_metrics(rt: Runtime, job_id: int, created_at: datetime, placement: dict[
     return summary.model_copy(update={"recovery_seconds_total": recovery, "goodput_ratio": goodput})
 
 
-@router.post("/{job_id}/tasks", response_model=TaskOut, status_code=201)
-def register_task(job_id: int, spec: TaskCreate, rt: RT,
+@router.post("/{job_id}/tasks", response_model=TaskOut, status_code=201, responses=CONFLICT)
+def register_task(job_id: IdPath, spec: TaskCreate, rt: RT,
                   who: Annotated[Principal, Depends(allow(LAUNCH))]) -> TaskOut:
     try:
         with transaction(rt.factory) as session:

@@ -15,7 +15,8 @@ from sentinel.auth.deps import LAUNCH, OPERATE, READ, allow
 from sentinel.auth.service import Principal
 from sentinel.clock import to_datetime
 from sentinel.db import transaction
-from sentinel.deps import not_found, runtime
+from sentinel.deps import IdPath, IdQuery, not_found, runtime
+from sentinel.errors import CONFLICT
 from sentinel.incidents.models import Incident
 from sentinel.jobs.service import JobNotFound, get_job
 from sentinel.nodes.models import Node
@@ -65,7 +66,7 @@ def _orders(rt: Runtime, job_id: int, state: str) -> list[OrderOut]:
 
 
 @router.get("/jobs/{job_id}/orders", response_model=list[OrderOut], dependencies=[Depends(allow(READ))])
-async def job_orders(job_id: int, rt: RT, wait: Annotated[float, Query(ge=0, le=60)] = 0,
+async def job_orders(job_id: IdPath, rt: RT, wait: Annotated[float, Query(ge=0, le=60)] = 0,
                      state: Literal["pending", "all"] = "pending") -> list[OrderOut]:
     """A launcher's orders, oldest first. `wait=30` long-polls: answers as soon as a pending order exists.
     Act on the newest pending one (older ones are superseded) and acknowledge it."""
@@ -76,7 +77,7 @@ async def job_orders(job_id: int, rt: RT, wait: Annotated[float, Query(ge=0, le=
     return await run_in_threadpool(_orders, rt, job_id, state)
 
 
-@router.post("/orders/{order_id}/ack", response_model=OrderOut)
+@router.post("/orders/{order_id}/ack", response_model=OrderOut, responses=CONFLICT)
 def ack_order(order_id: str, rt: RT, who: Annotated[Principal, Depends(allow(LAUNCH))],
               body: Annotated[OrderAck | None, Body()] = None) -> OrderOut:
     """`acknowledged` (taken), then `done` (the new attempt is started) or `failed`. Repeating an ack is a
@@ -107,8 +108,8 @@ def ack_order(order_id: str, rt: RT, who: Annotated[Principal, Depends(allow(LAU
     return out
 
 
-@router.post("/jobs/{job_id}/placement", response_model=list[PlacementSlot])
-def place_job(job_id: int, rt: RT, _: Annotated[Principal, Depends(allow(LAUNCH))],
+@router.post("/jobs/{job_id}/placement", response_model=list[PlacementSlot], responses=CONFLICT)
+def place_job(job_id: IdPath, rt: RT, _: Annotated[Principal, Depends(allow(LAUNCH))],
               body: Annotated[PlacementAsk | None, Body()] = None) -> list[PlacementSlot]:
     """A first placement for every rank from the placement policy: healthy, free, same model, one node
     when it fits. Register the tasks (`POST /jobs/{id}/tasks`) once they run."""
@@ -208,7 +209,7 @@ def reset_breaker(rt: RT, who: Annotated[Principal, Depends(allow(OPERATE))],
 
 
 @router.get("/remediations", response_model=list[RemediationOut], dependencies=[Depends(allow(READ))])
-def remediations(rt: RT, incident: int | None = None,
+def remediations(rt: RT, incident: IdQuery = None,
                  limit: Annotated[int, Query(ge=1, le=1000)] = 100) -> list[RemediationOut]:
     with rt.factory() as session:
         query = select(Remediation).order_by(Remediation.id.desc()).limit(limit)

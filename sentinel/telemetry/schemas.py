@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import AwareDatetime, BaseModel, BeforeValidator, ConfigDict, Field
 
 Name = Annotated[str, Field(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9][A-Za-z0-9._:@-]*$")]
 Uuid = Annotated[str, Field(min_length=1, max_length=96, pattern=r"^[A-Za-z0-9][A-Za-z0-9._:-]*$")]
@@ -16,6 +16,19 @@ Ratio = Annotated[float, Field(ge=0.0, le=1.0)]
 Count = Annotated[int, Field(ge=0, le=2**63 - 1)]
 Bytes = Annotated[int, Field(ge=0, le=2**63 - 1)]
 Label = Annotated[str, Field(max_length=256)]
+# A wall-clock time in Unix seconds, up to 2100-01-01: every one converts to a datetime (1e300 did not, and
+# a report carrying it failed in ingest with a 503 the agent retried for ever).
+UnixTime = Annotated[float, Field(ge=0.0, le=4_102_444_800.0)]
+
+
+def _iso_only(value: object) -> object:
+    if isinstance(value, int | float):  # pydantic would read it as Unix time; the schema promises a string
+        raise ValueError("expected an ISO 8601 date-time string with a time zone")
+    return value
+
+
+# A request's date-time: ISO 8601 text with a zone, as its JSON schema says; a bare number is refused.
+IsoDateTime = Annotated[AwareDatetime, BeforeValidator(_iso_only)]
 
 EVENT_KINDS = ("xid", "ecc", "thermal", "power", "offline", "hang", "slow", "remap", "clear", "probe", "other")
 EventKind = Literal["xid", "ecc", "thermal", "power", "offline", "hang", "slow", "remap", "clear", "probe", "other"]
@@ -54,7 +67,7 @@ class ProcessMemory(WireModel):
 
 class HostMetrics(WireModel):
     cpu_ratio: Ratio
-    load1: Annotated[float, Field(ge=0.0)] = 0.0
+    load1: Annotated[float, Field(ge=0.0, le=1e6)] = 0.0
     memory_used_bytes: Bytes
     memory_total_bytes: Bytes
     disk_used_bytes: Bytes = 0
@@ -74,7 +87,7 @@ class AcceleratorSample(WireModel):
     memory_peak_bytes: Bytes | None = None
     power_watts: Annotated[float, Field(ge=0.0, le=1e5)] | None = None
     temperature_celsius: Annotated[float, Field(ge=-273.15, le=1000.0)] | None = None
-    sm_clock_hz: Annotated[float, Field(ge=0.0)] | None = None
+    sm_clock_hz: Annotated[float, Field(ge=0.0, le=1e12)] | None = None
     throttle_reasons: Annotated[list[Annotated[str, Field(max_length=64)]], Field(max_length=16)] = []
     ecc_corrected_total: Count | None = None
     ecc_uncorrected_total: Count | None = None
@@ -94,7 +107,7 @@ class HardwareEvent(WireModel):
     accelerator_uuid: Uuid | None = None
     xid: Annotated[int, Field(ge=0, le=100_000)] | None = None
     message: Annotated[str, Field(max_length=1024)] = ""
-    observed_at: Annotated[float, Field(ge=0.0)]
+    observed_at: UnixTime
     # probe: achieved ÷ expected performance of the accelerator (None: this source cannot probe)
     value: Annotated[float, Field(ge=0.0, le=1e6)] | None = None
 
@@ -137,7 +150,7 @@ class TaskTelemetry(WireModel):
     pid: Pid
     steps: Count = 0
     last_step: Count | None = None
-    first_step_at: Annotated[float, Field(ge=0.0)] | None = None  # wall time the interval's first step ended
+    first_step_at: UnixTime | None = None  # wall time the interval's first step ended
     step_seconds: Annotated[list[Seconds], Field(max_length=1024)] = []
     tokens: Count = 0
     busy_seconds: Seconds = 0.0
@@ -160,7 +173,7 @@ class TaskExit(WireModel):
     pid: Pid
     exit_code: Annotated[int, Field(ge=0, le=255)] | None = None
     signal: Annotated[int, Field(ge=1, le=128)] | None = None
-    observed_at: Annotated[float, Field(ge=0.0)]
+    observed_at: UnixTime
 
 
 class NodeReport(WireModel):
@@ -168,7 +181,7 @@ class NodeReport(WireModel):
 
     node: Name
     seq: Annotated[int, Field(ge=1, le=2**62)]
-    sent_at: Annotated[float, Field(ge=0.0)]
+    sent_at: UnixTime
     interval_seconds: Annotated[float, Field(gt=0.0, le=3600.0)] = 10.0
     host: HostMetrics | None = None
     accelerators: Annotated[list[AcceleratorSample], Field(max_length=64)] = []
@@ -185,7 +198,7 @@ class SdkBatch(WireModel):
     attempt: Annotated[int, Field(ge=0, le=100_000)] = 0
     pid: Pid
     # (step index, started at, duration s, tokens, collective s, exposed collective s)
-    steps: Annotated[list[tuple[Count, Annotated[float, Field(ge=0)], Seconds, Count | None, Seconds,
+    steps: Annotated[list[tuple[Count, UnixTime, Seconds, Count | None, Seconds,
                                 Seconds | None]], Field(max_length=20_000)] = []
     collectives: Annotated[dict[Annotated[str, Field(max_length=64)],
                                 tuple[Count, Seconds, Count]], Field(max_length=32)] = {}
