@@ -302,8 +302,10 @@ def setup_cluster(args: argparse.Namespace, procs: Processes, env: dict[str, str
                procs, [server], args.start_timeout)
     tokens = {}
     for role in ("agent", "launcher"):
+        # one token for every simulated node, with no rate limit: a bench load, not a real agent
+        extra = ["--node", "*", "--rate-limit", "0"] if role == "agent" else ["--rate-limit", "0"]
         made = subprocess.run([python, "-m", "sentinel.cli", "token", "create", "--role", role, "--name",
-                               f"bench-{role}"], cwd=REPO, env=env, capture_output=True, text=True, timeout=120,
+                               f"bench-{role}", *extra], cwd=REPO, env=env, capture_output=True, text=True, timeout=120,
                               check=False)
         if made.returncode != 0 or not made.stdout.strip():
             raise BenchError(f"token create --role {role} failed ({made.returncode}): {made.stderr[-2000:]}")

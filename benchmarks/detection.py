@@ -154,7 +154,8 @@ def end_to_end(args: argparse.Namespace, procs: Processes, work: Path) -> dict[s
                                         str(port)], env, work / "server.log")
         wait("server /readyz", lambda: ready(port), 60, procs, [server])
         made = subprocess.run([sys.executable, "-m", "sentinel.cli", "token", "create", "--role", "agent", "--name",
-                               "bench-agent"], env=env, capture_output=True, text=True, timeout=60, check=True)
+                               "bench-agent", "--node", "*", "--rate-limit", "0"],
+                              env=env, capture_output=True, text=True, timeout=60, check=True)
         token_file = work / "agent-token"
         token_file.write_text(made.stdout.strip().splitlines()[-1])
         token_file.chmod(0o600)

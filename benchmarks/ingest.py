@@ -554,7 +554,8 @@ def orchestrate(args: argparse.Namespace) -> int:
         wait_until("parse-only baseline", lambda: http_call(parse_port, "POST", "/parse", probe, timeout=5)[0] == 200,
                    procs, baseline, args.start_timeout)
 
-        made = subprocess.run([python, "-m", "sentinel.cli", "token", "create", "--role", "agent", "--name", "bench"],
+        made = subprocess.run([python, "-m", "sentinel.cli", "token", "create", "--role", "agent", "--name", "bench",
+                               "--node", "*", "--rate-limit", "0"],
                               cwd=REPO, env=env, capture_output=True, text=True, timeout=120, check=False)
         if made.returncode != 0 or not made.stdout.strip():
             raise BenchError(f"token create failed ({made.returncode}): {made.stderr[-2000:]}")

@@ -97,7 +97,8 @@ def sentinel_runs(args: argparse.Namespace, procs: Processes, work: Path) -> dic
 
     def token(role: str) -> str:
         made = subprocess.run([sys.executable, "-m", "sentinel.cli", "token", "create", "--role", role, "--name",
-                               f"bench-{role}"], env=env, capture_output=True, text=True, timeout=60, check=True)
+                               f"bench-{role}", *(["--node", "*"] if role == "agent" else []), "--rate-limit", "0"],
+                              env=env, capture_output=True, text=True, timeout=60, check=True)
         return made.stdout.strip().splitlines()[-1]
 
     agent_token, launcher_token = token("agent"), token("launcher")

@@ -24,6 +24,8 @@ from collectors.push import Pusher
 from collectors.sim import SimCollector
 from collectors.spool import SeqCounter, Spool
 from sentinel import __version__
+from sentinel.auth.tls import client_ssl_context
+from sentinel.failover import failover_client
 from sentinel.telemetry.schemas import (
     AcceleratorSample,
     Assignment,
@@ -64,8 +66,9 @@ class Agent:
         self.seq = SeqCounter(state / "seq", floor=self.spool.highest_seq())
         self.sources_up: dict[str, bool] = {}
         self.sources = sources if sources is not None else self._start_sources(config.sources)
-        self.client = client or httpx.Client(base_url=config.server_url, timeout=httpx.Timeout(10.0, connect=3.0),
-                                             headers={"authorization": f"Bearer {config.token}"})
+        self.client = client or failover_client(config.server_url, timeout=httpx.Timeout(10.0, connect=3.0),
+                                                headers={"authorization": f"Bearer {config.token}"},
+                                                verify=client_ssl_context())  # SENTINEL_CA_BUNDLE
         self.pusher = Pusher(client=self.client, node=config.node, spool=self.spool,
                              registration=self.registration, on_ack=self._on_ack, on_registered=self.seq.raise_to)
         self.assignments: list[Assignment] = []

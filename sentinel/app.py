@@ -8,31 +8,57 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
 from fastapi import APIRouter, Depends, FastAPI, Request, Response
-from fastapi.responses import JSONResponse
+from fastapi.responses import JSONResponse, PlainTextResponse
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from sqlalchemy import text
+from starlette.types import ASGIApp, Receive, Scope, Send
 
 from sentinel import __version__, errors
 from sentinel.accelerators.api import fleet_router
 from sentinel.accelerators.api import router as accelerators_router
 from sentinel.alerting.api import router as alerting_router
+from sentinel.audit.middleware import AuditCalls
 from sentinel.auth.api import router as tokens_router
 from sentinel.auth.deps import READ, allow
 from sentinel.checkpoints.api import router as checkpoints_router
 from sentinel.clock import Clock
 from sentinel.config import Settings
 from sentinel.events.api import router as events_router
+from sentinel.failover import ROLE_HEADER
 from sentinel.incidents.api import router as incidents_router
 from sentinel.jobs.api import router as jobs_router
 from sentinel.metrics import build_registry
 from sentinel.nodes.api import router as nodes_router
-from sentinel.nodes.liveness import flush_liveness
 from sentinel.remediation.api import router as remediation_router
 from sentinel.runtime import Runtime
 from sentinel.scheduler import build_scheduler
 from sentinel.ui.api import router as ui_router
 
 log = logging.getLogger("sentinel.server")
+
+
+class StandbyGuard:
+    """Pure ASGI: on a standby, API writes get 503 with `X-Sentinel-Role: standby` and Retry-After, so agents,
+    launchers and the CLI move on to the next server in their list. Reads, health and /metrics pass."""
+
+    def __init__(self, app: ASGIApp, runtime: Runtime):
+        self.app = app
+        self.runtime = runtime
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if (scope["type"] == "http" and scope["method"] not in READ_METHODS
+                and scope["path"].startswith("/api/") and not self.runtime.leading):
+            body = JSONResponse({"detail": "this server is a standby: it serves reads; send writes to the leader "
+                                           "(another server in your list)"}, status_code=503).body
+            await send({"type": "http.response.start", "status": 503, "headers": [
+                (b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
+                (b"retry-after", b"1"), (ROLE_HEADER.encode(), b"standby")]})
+            await send({"type": "http.response.body", "body": body})
+            return
+        await self.app(scope, receive, send)
+
+
+READ_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
 
 
 def create_app(settings: Settings, clock: Clock | None = None, *, migrate: bool = True,
@@ -49,14 +75,13 @@ def create_app(settings: Settings, clock: Clock | None = None, *, migrate: bool 
         scheduler = build_scheduler(runtime) if run_scheduler else None
         if scheduler is not None:
             scheduler.start()
-        log.info("server ready: database=%s nodes=%d", runtime.engine.url.render_as_string(hide_password=True),
-                 len(runtime.fleet.all()))
+        log.info("server ready: role=%s database=%s nodes=%d", runtime.role,
+                 runtime.engine.url.render_as_string(hide_password=True), len(runtime.fleet.all()))
         try:
             yield
         finally:
             if scheduler is not None:
                 scheduler.shutdown(wait=False)
-            flush_liveness(runtime.factory, runtime.fleet)
             runtime.stop()
 
     app = FastAPI(title="Sentinel", version=__version__, lifespan=lifespan,
@@ -65,6 +90,8 @@ def create_app(settings: Settings, clock: Clock | None = None, *, migrate: bool 
     app.state.registry = registry
     errors.install(app)
     app.add_middleware(errors.BodyLimit, max_bytes=settings.max_body_bytes)
+    app.add_middleware(AuditCalls)  # an audit entry for every state-changing call (audit/middleware.py)
+    app.add_middleware(StandbyGuard, runtime=runtime)
 
     api = APIRouter(prefix="/api/v1")
     for router in (nodes_router, accelerators_router, fleet_router, jobs_router, events_router, tokens_router,
@@ -76,11 +103,12 @@ def create_app(settings: Settings, clock: Clock | None = None, *, migrate: bool 
     @app.get("/healthz", tags=["health"])
     def healthz() -> dict[str, str]:
         """Liveness of the process itself; no token needed."""
-        return {"status": "ok", "version": __version__}
+        return {"status": "ok", "version": __version__, "role": runtime.role}
 
-    @app.get("/readyz", tags=["health"])
+    @app.get("/readyz", tags=["health"],
+             responses={503: {"description": "starting, or the database does not answer"}})
     def readyz() -> JSONResponse:
-        """Ready when migrations ran and the database answers."""
+        """Ready when migrations ran and the database answers; a standby is ready too (it serves reads)."""
         if not runtime.ready:
             return JSONResponse({"status": "starting"}, status_code=503)
         try:
@@ -88,13 +116,15 @@ def create_app(settings: Settings, clock: Clock | None = None, *, migrate: bool 
                 conn.execute(text("SELECT 1"))
         except Exception as exc:
             return JSONResponse({"status": "database unreachable", "error": str(exc)[:200]}, status_code=503)
-        return JSONResponse({"status": "ready"})
+        return JSONResponse({"status": "ready", "role": runtime.role})
 
     def metrics_auth(request: Request) -> None:
         if settings.metrics_require_token:
             allow(READ)(request)
 
-    @app.get("/metrics", tags=["health"], dependencies=[Depends(metrics_auth)])
+    @app.get("/metrics", tags=["health"], dependencies=[Depends(metrics_auth)], response_class=PlainTextResponse,
+             responses={200: {"description": "Prometheus text exposition",
+                              "content": {CONTENT_TYPE_LATEST: {"schema": {"type": "string"}}}}})
     def metrics() -> Response:
         return Response(generate_latest(registry), media_type=CONTENT_TYPE_LATEST)
 

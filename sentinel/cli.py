@@ -13,6 +13,7 @@ from typing import Any
 
 import httpx
 
+from sentinel.auth import cli as auth_cli
 from sentinel.client import ApiError, SentinelClient, resolve_token
 from sentinel.config import load_settings
 from sentinel.console import human_bytes, table
@@ -31,12 +32,32 @@ def cmd_server(args: argparse.Namespace) -> int:
 
     from sentinel.app import create_app
 
-    settings = load_settings(args.config, host=args.host, port=args.port)
+    settings = load_settings(args.config, host=args.host, port=args.port, tls_certfile=args.tls_certfile,
+                             tls_keyfile=args.tls_keyfile, tls_ca_certs=args.tls_ca_certs)
     logging.getLogger().setLevel(settings.log_level)
+    if settings.tls_certfile is None and settings.host not in ("127.0.0.1", "::1", "localhost"):
+        logging.getLogger("sentinel.server").warning(
+            "listening on %s without TLS: bearer tokens cross the network in clear; set tls_certfile and "
+            "tls_keyfile or put a TLS proxy in front (docs/security.md)", settings.host)
     app = create_app(settings)
     uvicorn.run(app, host=settings.host, port=settings.port, log_level="warning", access_log=args.access_log,
-                server_header=False)
+                server_header=False, **tls_options(settings))
     return 0
+
+
+def tls_options(settings: Any) -> dict[str, Any]:
+    """uvicorn's TLS arguments from `tls_*` settings; with a CA file, clients must present a certificate."""
+    if settings.tls_certfile is None:
+        return {}
+    import ssl
+
+    # An idle keep-alive TLS connection otherwise holds a stop for asyncio's 30 s SSL shutdown timeout.
+    options: dict[str, Any] = {"ssl_certfile": str(settings.tls_certfile),
+                               "ssl_keyfile": str(settings.tls_keyfile) if settings.tls_keyfile else None,
+                               "timeout_graceful_shutdown": 5}
+    if settings.tls_ca_certs is not None:
+        options |= {"ssl_ca_certs": str(settings.tls_ca_certs), "ssl_cert_reqs": ssl.CERT_REQUIRED}
+    return options
 
 
 def cmd_db_upgrade(args: argparse.Namespace) -> int:
@@ -45,27 +66,6 @@ def cmd_db_upgrade(args: argparse.Namespace) -> int:
     settings = load_settings(args.config)
     upgrade(settings.effective_database_url)
     print(f"schema is at head: {settings.effective_database_url.split('@')[-1]}")
-    return 0
-
-
-def cmd_token_create(args: argparse.Namespace) -> int:
-    from sentinel.audit.service import record
-    from sentinel.auth.service import create_token
-    from sentinel.db import make_engine, make_sessionmaker, transaction, upgrade
-
-    settings = load_settings(args.config)
-    url = settings.effective_database_url
-    upgrade(url)
-    engine = make_engine(url)
-    try:
-        with transaction(make_sessionmaker(engine)) as session:
-            secret = create_token(session, name=args.name, role=args.role)
-            record(session, actor=f"cli:{os.environ.get('USER', 'unknown')}", action="token.create",
-                   subject=f"token/{args.name}", detail={"role": args.role})
-    finally:
-        engine.dispose()
-    print(f"created {args.role} token {args.name!r}; it is shown once, store it now:", file=sys.stderr)
-    print(secret)
     return 0
 
 
@@ -215,7 +215,8 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
 
 def _remote(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--server", default=None, help="server URL (default $SENTINEL_SERVER or http://127.0.0.1:9480)")
+    p.add_argument("--server", default=None, help="server URL, or several comma-separated (a leader and its standbys); "
+                        "default $SENTINEL_SERVER or http://127.0.0.1:9480")
     p.add_argument("--token", default=None, help="bearer token (default $SENTINEL_TOKEN or the local admin token)")
 
 
@@ -228,19 +229,19 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--host", default=None)
     p.add_argument("--port", type=int, default=None)
     p.add_argument("--access-log", action="store_true")
+    p.add_argument("--tls-certfile", default=None, help="serve HTTPS with this PEM certificate (chain)")
+    p.add_argument("--tls-keyfile", default=None, help="its private key (PEM)")
+    p.add_argument("--tls-ca-certs", default=None, help="require client certificates signed by this CA (PEM)")
     p.set_defaults(fn=cmd_server)
 
     db = sub.add_parser("db", help="database schema").add_subparsers(dest="db_command", required=True)
     db.add_parser("upgrade", help="apply migrations").set_defaults(fn=cmd_db_upgrade)
 
-    tok = sub.add_parser("token", help="API tokens").add_subparsers(dest="token_command", required=True)
-    p = tok.add_parser("create", help="create a token; prints it alone on the last line")
-    p.add_argument("--role", required=True, choices=["viewer", "agent", "launcher", "operator", "admin"])
-    p.add_argument("--name", required=True)
-    p.set_defaults(fn=cmd_token_create)
+    auth_cli.add_parsers(sub, _remote)  # token create|list|revoke, audit
 
     p = sub.add_parser("collector", help="run the node agent")
-    p.add_argument("--server", default=os.environ.get("SENTINEL_SERVER", "http://127.0.0.1:9480"))
+    p.add_argument("--server", default=os.environ.get("SENTINEL_SERVER", "http://127.0.0.1:9480"),
+                   help="server URL, or several comma-separated; the agent fails over between them")
     p.add_argument("--token", default=None)
     p.add_argument("--token-file", default=None)
     p.add_argument("--node-name", default=os.uname().nodename)

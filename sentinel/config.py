@@ -23,10 +23,17 @@ class Settings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="SENTINEL_", extra="ignore")
 
     data_dir: Path = Field(default_factory=default_data_dir)
-    database_url: str = ""
+    database_url: str = Field(default="", repr=False)  # may carry a password: never in a repr or a log
     host: str = "127.0.0.1"
     port: int = Field(default=9480, ge=0, le=65535)
     max_body_bytes: int = Field(default=1_048_576, ge=1024)
+    # Per-token request rate (token bucket); a token's own `rate_limit_per_second` wins. 0 disables.
+    rate_limit_per_second: float = Field(default=20.0, ge=0)
+    rate_limit_burst: float = Field(default=200.0, ge=0)
+    # TLS for `sentinel server` (docs/security.md); with tls_ca_certs, clients must show a certificate it signed.
+    tls_certfile: Path | None = None
+    tls_keyfile: Path | None = None
+    tls_ca_certs: Path | None = None
     # Liveness: a node is down after this many of its own intervals without a report.
     missed_intervals_down: int = Field(default=3, ge=1)
     liveness_check_seconds: float = Field(default=1.0, gt=0)
@@ -72,6 +79,11 @@ class Settings(BaseSettings):
     alert_resend_seconds: float = Field(default=60.0, gt=0)
     notify_max_attempts: int = Field(default=12, ge=1)
     log_level: str = "INFO"
+    # High availability (PostgreSQL only): servers sharing a database elect one leader with an advisory
+    # lock named by `ha_lock_name`; the others stand by, serve reads, and try the lock every check.
+    leader_check_seconds: float = Field(default=1.0, gt=0, le=60)
+    ha_lock_name: str = "sentinel"
+    server_name: str = ""  # in logs and pg_stat_activity; default host:port
 
     @field_validator("database_url")
     @classmethod

@@ -8,7 +8,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from sqlalchemy import DateTime, Engine, MetaData, create_engine, event
+from sqlalchemy import DateTime, Engine, MetaData, create_engine, event, text
 from sqlalchemy.orm import DeclarativeBase, Session, sessionmaker
 from sqlalchemy.types import TypeDecorator
 
@@ -79,6 +79,25 @@ def transaction(factory: sessionmaker[Session]) -> Iterator[Session]:
     """The edge owns the transaction: commit on success, roll back on any error."""
     with factory() as session, session.begin():
         yield session
+
+
+@contextmanager
+def migration_lock(engine: Engine) -> Iterator[None]:
+    """Servers starting together on one PostgreSQL migrate one at a time (an advisory lock for the upgrade)."""
+    if engine.dialect.name != "postgresql":
+        yield
+        return
+    with engine.connect() as conn:
+        conn.execute(text("SELECT pg_advisory_lock(:k)"), {"k": MIGRATION_LOCK_KEY})
+        conn.commit()
+        try:
+            yield
+        finally:
+            conn.execute(text("SELECT pg_advisory_unlock(:k)"), {"k": MIGRATION_LOCK_KEY})
+            conn.commit()
+
+
+MIGRATION_LOCK_KEY = 0x53_4E_54_4D_49_47  # "SNTMIG"
 
 
 def alembic_config(url: str) -> Any:

@@ -115,12 +115,12 @@ class Demo:
         say(f"[bold]1. The central service[/] on {self.url} (SQLite in {self.data_dir})")
         self.start("server", _sentinel("server", "--host", "127.0.0.1", "--port", str(self.port)), env)
         self.wait("starting the server", lambda: httpx.get(self.url + "/readyz", timeout=1).status_code == 200, 60)
-        agent_token = self.api("POST", "/tokens", {"name": "demo-agents", "role": "agent"})["token"]
         launcher_token = self.api("POST", "/tokens", {"name": "demo-launcher", "role": "launcher"})["token"]
 
         say("[bold]2. Two node agents[/], each with 2 SIMULATED accelerators (no GPU here; `sim` stands in "
             "for NVML and says so). demo-node-2 is the spare.")
-        for node in ("demo-node-1", "demo-node-2"):
+        for node in ("demo-node-1", "demo-node-2"):  # one token per agent, bound to its node
+            agent_token = self.api("POST", "/tokens", {"name": f"{node}-agent", "role": "agent", "node": node})["token"]
             self.start(node, _sentinel("collector", "--server", self.url, "--token", agent_token, "--node-name", node,
                                        "--source", "sim:2", "--interval", "1", "--listen", "127.0.0.1:0",
                                        "--state-dir", str(self.data_dir / "agents")), env)

@@ -193,9 +193,47 @@ class ReliabilityCollector(Collector):
         yield per_node
 
 
+class ServerCollector(Collector):
+    """This server's role. A standby exports only this: the fleet's series come from the leader alone,
+    so a Prometheus scraping every server never counts a node twice."""
+
+    def __init__(self, runtime: Runtime):
+        self._rt = runtime
+
+    def collect(self) -> Iterator[Metric]:
+        yield GaugeMetricFamily("sentinel_server_leader", "1 on the server that leads, 0 on a standby",
+                                value=1.0 if self._rt.leading else 0.0)
+
+
+class LeaderOnly(Collector):
+    def __init__(self, runtime: Runtime, inner: Collector):
+        self._rt = runtime
+        self._inner = inner
+
+    def collect(self) -> Iterator[Metric]:
+        if self._rt.leading:
+            yield from self._inner.collect()
+
+
+class RateLimitCollector(Collector):
+    """Requests refused with 429 by this server's per-token rate limits (auth/ratelimit.py), by role."""
+
+    def __init__(self, runtime: Runtime):
+        self._rt = runtime
+
+    def collect(self) -> Iterator[Metric]:
+        limited = CounterMetricFamily("sentinel_rate_limited", "Requests refused for their token's rate limit",
+                                      labels=["role"])
+        for role, count in sorted(self._rt.tokens.limiter.snapshot().items()):
+            limited.add_metric([role], count)
+        yield limited
+
+
 def build_registry(runtime: Runtime) -> CollectorRegistry:
     registry = CollectorRegistry(auto_describe=False)
+    registry.register(RateLimitCollector(runtime))  # every server, leader or not: each limits its own callers
+    registry.register(ServerCollector(runtime))
     for collector in (FleetCollector(runtime), JobCollector(runtime), ReliabilityCollector(runtime)):
-        registry.register(collector)
+        registry.register(LeaderOnly(runtime, collector))
     registry.register(runtime.incidents.latency)
     return registry

@@ -7,7 +7,10 @@ from __future__ import annotations
 
 import logging
 import os
+import socket
 import threading
+import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime
 
@@ -19,7 +22,7 @@ from sentinel.auth.service import TokenCache, count_tokens, create_token
 from sentinel.checkpoints.ledger import CheckpointLedger
 from sentinel.clock import Clock, SystemClock, to_datetime
 from sentinel.config import Settings
-from sentinel.db import make_engine, make_sessionmaker, transaction, upgrade
+from sentinel.db import make_engine, make_sessionmaker, migration_lock, transaction, upgrade
 from sentinel.detection.base import DetectionContext
 from sentinel.detection.catalog import FaultCatalog
 from sentinel.detection.engine import DetectionEngine, load_detectors
@@ -27,8 +30,10 @@ from sentinel.detection.history import FaultHistory
 from sentinel.incidents.lifecycle import Incidents
 from sentinel.jobs.service import assignments_by_node
 from sentinel.jobs.telemetry import JobTelemetry
+from sentinel.leader import Elector, make_lock
 from sentinel.nodes.commands import CommandQueue
 from sentinel.nodes.live import Fleet, NodeLive
+from sentinel.nodes.liveness import flush_liveness
 from sentinel.remediation.engine import RemediationEngine
 from sentinel.telemetry.ingest import ClosedTask, Ingest
 from sentinel.telemetry.samples import SampleStore
@@ -60,6 +65,9 @@ class Runtime:
     assignments_lock: threading.Lock = field(default_factory=threading.Lock)
     plugin_errors: dict[str, int] = field(default_factory=dict)
     ready: bool = False
+    elector: Elector | None = None
+    led: bool = False  # lead() finished: the in-memory view is loaded and the loops run
+    on_lost_lead: Callable[[], None] = field(default=lambda: None)
 
     @classmethod
     def build(cls, settings: Settings, clock: Clock | None = None) -> Runtime:
@@ -88,13 +96,40 @@ class Runtime:
                       samples=samples, ingest=ingest, tokens=TokenCache(factory), commands=commands,
                       jobs=jobs, history=history, incidents=incidents, detection=detection, dispatcher=dispatcher,
                       remediation=remediation, plugin_errors=errors, checkpoints=checkpoints)
+        runtime.on_lost_lead = runtime._exit_on_lost_lead
         holder.append(runtime)
         return runtime
 
+    @property
+    def leading(self) -> bool:
+        return self.elector is not None and self.elector.leading and self.led
+
+    @property
+    def role(self) -> str:
+        return "leader" if self.leading else "standby"
+
     def start(self, migrate: bool = True) -> None:
+        """Migrate, then take the lead if it is free; otherwise stand by (serve reads, try the lock each check)."""
+        s = self.settings
+        url = s.effective_database_url
         if migrate:
-            upgrade(self.settings.effective_database_url)
+            with migration_lock(self.engine):
+                upgrade(url)
         self.bootstrap_admin_token()
+        name = s.server_name or f"{socket.gethostname()}:{s.port}"
+        self.elector = Elector(make_lock(url, key_name=s.ha_lock_name, server_name=name),
+                               check_seconds=s.leader_check_seconds, on_lead=self.lead,
+                               on_lost=lambda: self.on_lost_lead(), server_name=name)
+        self.elector.step()
+        if not self.elector.leading:
+            log.warning("standing by: server=%s; another server holds the lead (%s). Reads are served here; "
+                        "writes get 503 until this server takes over", name, self.elector.lock.holder() or "?")
+        self.elector.start()
+        self.ready = True
+
+    def lead(self) -> None:
+        """Become the leader: rebuild the in-memory view from SQL, then run detection, alerting, remediation."""
+        started = time.monotonic()
         with self.factory() as session:
             self.fleet.load(session, now=self.clock.time())
             self.assignments = assignments_by_node(session)
@@ -110,15 +145,30 @@ class Runtime:
         self.detection.start()
         self.remediation.start()
         self.dispatcher.start()
-        self.ready = True
+        self.led = True
+        log.info("leading: nodes=%d open_incidents=%d loaded in %.2fs", len(self.fleet.all()),
+                 len(self.incidents.active()), time.monotonic() - started)
 
     def stop(self) -> None:
         self.ready = False
+        if self.leading:
+            flush_liveness(self.factory, self.fleet)
         self.ingest.writer.stop()
         self.detection.stop()
         self.remediation.stop()
         self.dispatcher.stop()
+        if self.elector is not None:
+            self.elector.stop()  # last: the lock frees only once this server has stopped acting
+        self.led = False
         self.engine.dispose()
+
+    def _exit_on_lost_lead(self) -> None:
+        """Fail-stop: another server may lead already, and this one's threads must not act beside it.
+        Reports acknowledged so far are committed; a supervisor restarts this process as a standby."""
+        self.led = False
+        log.critical("exiting: this server can no longer prove it holds the lead; restart it to stand by")
+        logging.shutdown()
+        os._exit(75)
 
     def clock_now(self) -> datetime:
         return to_datetime(self.clock.time())

@@ -16,6 +16,8 @@ log = logging.getLogger("sentinel.scheduler")
 
 def guarded(runtime: Runtime, name: str, fn: Callable[[], Any]) -> Callable[[], None]:
     def run() -> None:
+        if not runtime.leading:  # a standby's view is not live: liveness, detection and sends are the leader's
+            return
         try:
             fn()
         except Exception:

@@ -93,6 +93,12 @@ def client(settings: Settings, clock: FakeClock) -> Iterator[TestClient]:
         yield test_client
 
 
+def stop_app(client: TestClient) -> None:
+    """Shut the app down (its lifespan ends) before a test starts another on the same database: on
+    PostgreSQL a second server beside a live one is a standby by design (sentinel/leader.py)."""
+    client.__exit__(None, None, None)
+
+
 @pytest.fixture
 def admin_token(client: TestClient, settings: Settings) -> str:
     return settings.admin_token_file.read_text().strip()
@@ -104,9 +110,11 @@ def bearer(token: str) -> dict[str, str]:
 
 @pytest.fixture
 def make_token(client: TestClient, admin_token: str):  # type: ignore[no-untyped-def]
-    def make(role: str, name: str | None = None) -> str:
-        response = client.post("/api/v1/tokens", json={"name": name or f"{role}-{uuid.uuid4().hex[:6]}", "role": role},
-                               headers=bearer(admin_token))
+    def make(role: str, name: str | None = None, **fields: object) -> str:
+        # agent tokens here act for any node ("*"); tests/auth covers node binding and trust on first use
+        body = {"name": name or f"{role}-{uuid.uuid4().hex[:6]}", "role": role,
+                **({"node": "*"} if role == "agent" else {}), **fields}
+        response = client.post("/api/v1/tokens", json=body, headers=bearer(admin_token))
         assert response.status_code == 201, response.text
         return str(response.json()["token"])
 

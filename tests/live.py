@@ -16,7 +16,7 @@ from typing import Any
 
 import httpx
 
-from sentinel.alerting.notifiers.webhook import verify_signature
+from sentinel.alerting.notifiers.webhook import REPLAY_TOLERANCE_SECONDS, verify_signature
 
 
 def free_port() -> int:
@@ -73,8 +73,11 @@ class LiveServer:
     def admin_token(self) -> str:
         return (self.data_dir / "admin-token").read_text().strip()
 
-    def token(self, role: str, name: str) -> str:
-        out = subprocess.run(sentinel_cmd("token", "create", "--role", role, "--name", name), env=self.env,
+    def token(self, role: str, name: str, node: str | None = None) -> str:
+        """An agent token without `node` acts for any node ('*'): some tests run several agents on one token."""
+        node = node or ("*" if role == "agent" else None)
+        bound = ("--node", node) if node else ()
+        out = subprocess.run(sentinel_cmd("token", "create", "--role", role, "--name", name, *bound), env=self.env,
                              check=True, capture_output=True, text=True, timeout=60)
         return out.stdout.strip().splitlines()[-1]
 
@@ -105,7 +108,9 @@ class Receiver:
             def do_POST(self) -> None:
                 at = time.time()
                 body = self.rfile.read(int(self.headers["Content-Length"]))
-                if not verify_signature(secret, body, self.headers.get("X-Sentinel-Signature", "")):
+                if not verify_signature(secret, body, self.headers.get("X-Sentinel-Signature", ""),
+                                        max_age_seconds=REPLAY_TOLERANCE_SECONDS,
+                                        timestamp_header=self.headers.get("X-Sentinel-Timestamp")):
                     outer.bad_signatures += 1
                 self.send_response(204)
                 self.end_headers()
@@ -151,13 +156,15 @@ class Cluster:
         self.work = tmp_path
         self.server = LiveServer(tmp_path / "server", f"sqlite:///{tmp_path / 'server' / 'sentinel.db'}",
                                  {"SENTINEL_RESOLVE_AFTER_SECONDS": "600", **(env or {})}).start()
-        token = self.server.token("agent", "agents")
+        self.api = self.server.api()
         self.procs: list[subprocess.Popen[bytes]] = []
         self.agents: dict[str, subprocess.Popen[bytes]] = {}
         for name, count in (nodes or {"node-a": 2, "node-b": 2}).items():
-            self.agents[name] = start_agent(self.server, token, name, tmp_path, count)
+            # one token per agent, bound to its node (an agent token may report only for its own node)
+            made = self.api.post("/tokens", json={"name": f"agent-{name}", "role": "agent", "node": name})
+            made.raise_for_status()
+            self.agents[name] = start_agent(self.server, made.json()["token"], name, tmp_path, count)
             self.procs.append(self.agents[name])
-        self.api = self.server.api()
         wait_for(lambda: all(self.api.get(f"/nodes/{n}").status_code == 200 for n in self.agents), timeout=30,
                  what="agents registered")
 

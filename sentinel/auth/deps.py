@@ -1,11 +1,19 @@
-"""Role checks for routers: `Depends(allow(OPERATE))` on every endpoint but health checks."""
+"""Role checks for routers: `Depends(allow(OPERATE))` on every endpoint but health checks.
+
+`authenticate` also enforces the token's request rate (auth/ratelimit.py) and notes who called for the audit
+middleware (audit/middleware.py); `check_node` enforces an agent token's node binding.
+"""
 
 from __future__ import annotations
 
+import logging
+import math
 from collections.abc import Callable
 
 from fastapi import HTTPException, Request, status
 
+from sentinel.audit.context import note_principal
+from sentinel.auth.ratelimit import RateLimited
 from sentinel.auth.service import Principal, TokenCache
 
 READ = frozenset({"viewer", "operator", "launcher", "admin"})
@@ -13,6 +21,8 @@ AGENT = frozenset({"agent", "admin"})
 LAUNCH = frozenset({"launcher", "operator", "admin"})
 OPERATE = frozenset({"operator", "admin"})
 ADMIN = frozenset({"admin"})
+
+log = logging.getLogger("sentinel.auth")
 
 
 def bearer_secret(request: Request) -> str | None:
@@ -28,12 +38,33 @@ def authenticate(request: Request) -> Principal:
     if secret is None:
         raise HTTPException(status.HTTP_401_UNAUTHORIZED, "missing bearer token (Authorization: Bearer …)",
                             headers={"WWW-Authenticate": "Bearer"})
-    cache: TokenCache = request.app.state.runtime.tokens
+    runtime = request.app.state.runtime
+    cache: TokenCache = runtime.tokens
     principal = cache.lookup(secret)
     if principal is None:
         raise HTTPException(status.HTTP_401_UNAUTHORIZED, "unknown, revoked or expired token",
                             headers={"WWW-Authenticate": 'Bearer error="invalid_token"'})
+    limit_rate(request, principal)
+    note_principal(principal.actor)
     return principal
+
+
+def limit_rate(request: Request, principal: Principal) -> None:
+    """429 once the token spent its burst faster than its rate (the token's own, else the server's)."""
+    runtime = request.app.state.runtime
+    settings = runtime.settings
+    rate = settings.rate_limit_per_second if principal.rate_limit_per_second is None \
+        else principal.rate_limit_per_second
+    try:
+        runtime.tokens.limiter.take(principal.token_id, role=principal.role, now=runtime.clock.time(), rate=rate,
+                                    burst=settings.rate_limit_burst)
+    except RateLimited as exc:
+        retry = max(1, math.ceil(exc.retry_after_seconds))
+        log.debug("rate limited: token=%d name=%s rate=%g/s path=%s", principal.token_id, principal.name, rate,
+                  request.url.path)
+        raise HTTPException(status.HTTP_429_TOO_MANY_REQUESTS,
+                            f"token {principal.name!r} (id {principal.token_id}) is over its limit of {rate:g} "
+                            f"requests/s; retry after {retry}s", headers={"Retry-After": str(retry)}) from None
 
 
 def allow(roles: frozenset[str]) -> Callable[[Request], Principal]:
@@ -48,3 +79,17 @@ def allow(roles: frozenset[str]) -> Callable[[Request], Principal]:
         return principal
 
     return check
+
+
+def check_node(principal: Principal, node: str) -> None:
+    """403 unless the token may act for `node` (Principal.may_act_for). An unbound agent token acts for no
+    node until its first registration binds it (nodes/api.py)."""
+    if principal.may_act_for(node):
+        return
+    who = f"token {principal.name!r} (id {principal.token_id})"
+    if principal.node is None:
+        raise HTTPException(status.HTTP_403_FORBIDDEN,
+                            f"{who} is not bound to a node yet and may not act for node {node!r}; "
+                            "its first POST /api/v1/nodes/register binds it")
+    raise HTTPException(status.HTTP_403_FORBIDDEN,
+                        f"{who} is bound to node {principal.node!r} and may not act for node {node!r}")

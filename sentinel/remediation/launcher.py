@@ -34,6 +34,9 @@ from typing import Any, TextIO
 
 from sentinel.client import ApiError, SentinelClient
 
+# A server that is away, or a standby still taking over, is asked again for this long before a launcher gives up.
+RETRY_SECONDS = 60.0
+
 log = logging.getLogger("sentinel.launch")
 
 # What a torch job imports before its first step. torch._dynamo matters most: DistributedDataParallel's
@@ -160,7 +163,7 @@ class Launcher:
         for r in started:
             self.client.post(f"/jobs/{self.job_id}/tasks", {"rank": r.rank, "node": r.node,
                                                              "accelerators": r.accelerators, "pid": r.proc.pid,
-                                                             "attempt": attempt})
+                                                             "attempt": attempt}, retry_seconds=RETRY_SECONDS)
         self.ranks, self.attempt = started, attempt
         where = ", ".join(f"rank {r.rank} → {r.node}:{','.join(r.accelerators)} (pid {r.proc.pid})" for r in started)
         self.say(f"attempt {attempt} started ({'warm' if self.warm else 'cold'}, port {port}): {where}")
@@ -198,7 +201,8 @@ class Launcher:
 
     def carry_out(self, order: dict[str, Any]) -> None:
         received = time.monotonic()
-        self.client.post(f"/orders/{order['id']}/ack", {"status": "acknowledged", "detail": "launcher got it"})
+        self.client.post(f"/orders/{order['id']}/ack", {"status": "acknowledged", "detail": "launcher got it"},
+                         retry_seconds=RETRY_SECONDS)
         self.say(f"order {order['id']}: {order['kind']} as attempt {order['attempt']} ({order['reason']})")
         old = list(self.ranks)
         stopped = 0.0
@@ -214,7 +218,8 @@ class Launcher:
         detail = f"attempt {order['attempt']} started in {took:.2f}s"
         if order["kind"] != "replace_replica":
             detail += f" ({stopped:.2f}s of it stopping the old ranks)"
-        self.client.post(f"/orders/{order['id']}/ack", {"status": "done", "detail": detail})
+        self.client.post(f"/orders/{order['id']}/ack", {"status": "done", "detail": detail},
+                         retry_seconds=RETRY_SECONDS)
 
     # -- the whole run --------------------------------------------------------------------------------
     def run(self) -> int:

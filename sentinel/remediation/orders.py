@@ -1,5 +1,7 @@
 """Orders for launchers: stored in SQL (an order outlives a server restart), announced to long-pollers
-in memory, and pushed to a launcher's webhook when its job registered one (signed like alert webhooks)."""
+in memory, and pushed to a launcher's webhook when its job registered one (signed like alert webhooks:
+the body carries `sent_at` under the signature, so a launcher can refuse replays with
+`alerting.notifiers.webhook.verify_signature(..., max_age_seconds=...)`)."""
 
 from __future__ import annotations
 
@@ -9,6 +11,7 @@ import hmac
 import json
 import logging
 import threading
+import time
 import uuid
 from datetime import datetime, timedelta
 from typing import Any
@@ -22,6 +25,7 @@ from sentinel.remediation.models import Order
 
 log = logging.getLogger("sentinel.orders")
 SIGNATURE_HEADER = "X-Sentinel-Signature"
+TIMESTAMP_HEADER = "X-Sentinel-Timestamp"
 
 
 def next_attempt(session: Session, job_id: int) -> int:
@@ -80,10 +84,13 @@ class OrderBoard:
                 self._waiters[job_id] = [w for w in self._waiters.get(job_id, []) if w[1] is not event]
 
     @staticmethod
-    def push_webhook(url: str, secret: str, order: dict[str, Any], timeout: float = 5.0) -> str:
+    def push_webhook(url: str, secret: str, order: dict[str, Any], timeout: float = 5.0,
+                     sent_at: float | None = None) -> str:
         """POST the order to the launcher's webhook; returns '' on 2xx, else what went wrong (no secrets)."""
-        body = json.dumps({"order": order}, default=str).encode()
-        headers = {"Content-Type": "application/json", "Idempotency-Key": str(order["id"])}
+        stamp = int(time.time() if sent_at is None else sent_at)
+        body = json.dumps({"order": order, "sent_at": stamp}, default=str).encode()
+        headers = {"Content-Type": "application/json", "Idempotency-Key": str(order["id"]),
+                   TIMESTAMP_HEADER: str(stamp)}
         if secret:
             headers[SIGNATURE_HEADER] = sign(secret, body)
         try:

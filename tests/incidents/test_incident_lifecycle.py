@@ -15,7 +15,7 @@ from sentinel.config import Settings
 from sentinel.detection.base import Detector, Evaluation, Finding, Subject
 from sentinel.runtime import Runtime
 from sentinel.scheduler import liveness
-from tests.conftest import FakeClock, bearer
+from tests.conftest import FakeClock, bearer, stop_app
 from tests.factories import registration, report
 
 
@@ -266,6 +266,7 @@ def test_a_rank_that_stops_stepping_while_alive_is_hung(client, agent, admin_tok
 def test_incidents_survive_a_restart_without_duplicates(settings, clock, client, agent, admin_token):
     post(client, agent, report(seq=1, events=[xid(95)], interval=1.0))
     [before] = incidents(client, admin_token)
+    stop_app(client)
     with TestClient(create_app(settings, clock, run_scheduler=False)) as again:
         again.post("/api/v1/nodes/node-a/reports", json=report(seq=2, events=[xid(95)], interval=1.0),
                    headers=agent)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from tests.conftest import FakeClock, bearer
+from tests.conftest import FakeClock, bearer, stop_app
 from tests.factories import registration, report
 
 
@@ -102,6 +102,7 @@ def test_failure_counts_survive_a_server_restart(settings, clock, client, job, a
     body = report(seq=1, accelerators=0)
     body["task_exits"] = [{"job_id": job_id, "rank": 0, "pid": 1000, "signal": 11, "observed_at": 1.8e9}]
     client.post("/api/v1/nodes/node-a/reports", json=body, headers=agent)
+    stop_app(client)
     with TestClient(create_app(settings, clock, run_scheduler=False)) as again:
         m = again.get(f"/api/v1/jobs/{job_id}/metrics", headers=bearer(admin_token)).json()
     assert m["task_failures"] == {"signal:SIGSEGV": 1}

@@ -11,7 +11,7 @@ from sqlalchemy import create_engine, func, select
 
 from sentinel.events.models import Event
 from sentinel.telemetry.models import ReportReceipt
-from tests.conftest import FakeClock, bearer
+from tests.conftest import FakeClock, bearer, stop_app
 from tests.factories import registration, report
 
 
@@ -71,6 +71,7 @@ def test_replay_survives_a_restart_of_the_server(settings, clock, make_token, cl
     assert post_report(client, headers, report(seq=7)).json()["status"] == "accepted"
     from sentinel.app import create_app
 
+    stop_app(client)
     with TestClient(create_app(settings, clock, run_scheduler=False)) as second:
         assert post_report(second, headers, report(seq=7)).json()["status"] == "duplicate"
         stale = post_report(second, headers, report(seq=3))

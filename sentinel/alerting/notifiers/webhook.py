@@ -3,12 +3,17 @@
 Headers: `X-Sentinel-Signature: sha256=<hex HMAC of the raw body>`, `X-Sentinel-Timestamp` (unix
 seconds, also inside the signed body as `sent_at`, so a receiver can refuse stale replays) and
 `Idempotency-Key`, the same for every retry of one notification, so a receiver can drop duplicates.
+The signature covers `sent_at`, so a replayed body cannot be given a fresh time: a receiver calls
+`verify_signature(secret, body, header, max_age_seconds=REPLAY_TOLERANCE_SECONDS)`. Launcher order
+webhooks (remediation/orders.py) are signed the same way.
 """
 
 from __future__ import annotations
 
 import hashlib
 import hmac
+import json
+import time
 from datetime import datetime
 from typing import Any
 
@@ -22,17 +27,40 @@ from sentinel.incidents.models import Incident
 VERSION = "1"
 SIGNATURE_HEADER = "X-Sentinel-Signature"
 TIMESTAMP_HEADER = "X-Sentinel-Timestamp"
+REPLAY_TOLERANCE_SECONDS = 300.0  # what a receiver should allow for clock skew and retries in flight
 
 
 def sign(secret: str, body: bytes) -> str:
     return "sha256=" + hmac.new(secret.encode(), body, hashlib.sha256).hexdigest()
 
 
-def verify_signature(secret: str, body: bytes, header: str | None) -> bool:
-    """For receivers: True when `header` is the signature of `body` under `secret` (constant-time compare)."""
+def verify_signature(secret: str, body: bytes, header: str | None, *, max_age_seconds: float | None = None,
+                     now: float | None = None, timestamp_header: str | None = None) -> bool:
+    """For receivers: True when `header` is the signature of `body` under `secret` (constant-time compare)
+    and, with `max_age_seconds`, the signed `sent_at` in the body is within that many seconds of `now`
+    (default: the current time) and agrees with `timestamp_header` when one is given. Pass
+    `max_age_seconds=REPLAY_TOLERANCE_SECONDS` to refuse replays of old, validly signed bodies."""
     if not secret or not header:
         return False
-    return hmac.compare_digest(sign(secret, body).encode(), header.strip().encode())
+    if not hmac.compare_digest(sign(secret, body).encode(), header.strip().encode()):
+        return False
+    if max_age_seconds is None:
+        return True
+    sent_at = signed_time(body)
+    if sent_at is None:
+        return False
+    if timestamp_header is not None and timestamp_header.strip() != str(sent_at):
+        return False
+    return abs((time.time() if now is None else now) - sent_at) <= max_age_seconds
+
+
+def signed_time(body: bytes) -> int | None:
+    """The `sent_at` (unix seconds) inside a signed body, or None when there is none."""
+    try:
+        value = json.loads(body).get("sent_at")
+    except (ValueError, AttributeError):
+        return None
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
 
 
 def idempotency_key(incident: Incident, receiver: ReceiverConfig, event: str) -> str:
