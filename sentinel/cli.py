@@ -13,6 +13,7 @@ from typing import Any
 
 import httpx
 
+from sentinel import simulate
 from sentinel.auth import cli as auth_cli
 from sentinel.client import ApiError, SentinelClient, resolve_token
 from sentinel.config import load_settings
@@ -264,6 +265,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     incidents_cli.add_parsers(sub, _remote)
     grafana_cli.add_parser(sub, _remote)
+    simulate.add_parser(sub, _remote)
 
     p = sub.add_parser("launch", help="run a job's ranks here and carry out Sentinel's orders",
                        usage="sentinel launch --job NAME --nproc N [options] -- python train.py ...")

