@@ -2,10 +2,11 @@
 
 For each size N: a fresh PostgreSQL database holding N nodes × 8 accelerators and the last
 `--receipt-minutes` of report receipts (one per node every 10 s), two `sentinel server` processes on
-it, SIGKILL to the leader, then the standby's /readyz is polled every 5 ms until it says "leader".
-The standby's log gives the part spent loading state ("leading: … loaded in X s"). The baseline is the
-same drill on an empty fleet (N=0) in the same run: what finding the free lock costs on its own. The
-target is 2 × the lock-check interval.
+it, SIGKILL to the leader at a random point of the standby's check cycle, then the standby's /readyz
+is polled every 5 ms until it says "leader". The standby's log gives the part spent loading state
+("leading: … loaded in X s"). The baseline is the same drill on an empty fleet (N=0) in the same run:
+what finding the free lock costs on its own. The target is 2 × the lock-check interval, against the
+worst round ("÷ target").
 
     PYTHONPATH=. python benchmarks/failover.py                 # N = 0, 1000, 5000, 12500; check 1 s
     PYTHONPATH=. python benchmarks/failover.py --sizes 0,12500 --check 0.5 --rounds 3
@@ -16,6 +17,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import random
 import re
 import statistics
 import sys
@@ -81,6 +83,9 @@ def drill(nodes: int, check: float, receipt_minutes: float, work: Path) -> tuple
             servers.append((port, proc, log))
         (a_port, a_proc, _), (b_port, b_proc, b_log) = servers
         assert _role(a_port) == "leader" and _role(b_port) == "standby"
+        # The standby has just made its first check: kill at a random point of its check cycle, as a real
+        # crash would, rather than always just after a check (which measures the worst case every time).
+        time.sleep(random.uniform(0, 3 * check))
         a_proc.kill()
         killed = time.monotonic()
         wait("the standby leading", lambda: _role(b_port) == "leader", 300, procs, [b_proc], poll=0.005)
@@ -108,8 +113,10 @@ def main() -> int:
     parser.add_argument("--check", type=float, default=1.0, help="lock-check interval, seconds")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--receipt-minutes", type=float, default=10.0)
+    parser.add_argument("--seed", type=int, default=1)
     args = parser.parse_args()
     sizes = [int(s) for s in args.sizes.split(",")]
+    random.seed(args.seed)
     results: dict[int, list[tuple[float, float]]] = {n: [] for n in sizes}
     with tempfile.TemporaryDirectory(prefix="sentinel-failover-") as tmp:
         for r in range(args.rounds):
@@ -121,11 +128,14 @@ def main() -> int:
     base = statistics.median(t for t, _ in results[sizes[0]])
     say(f"\nkill -9 of the leader → standby leading; check interval {args.check}s, target ≤ {budget:.1f}s; "
         f"medians of {args.rounds}; baseline N={sizes[0]}")
-    say(f"{'nodes':>7} {'accelerators':>13} {'takeover s':>11} {'loading s':>10} {'÷ target':>9} {'÷ baseline':>11}")
+    say(f"{'nodes':>7} {'accelerators':>13} {'takeover s':>11} {'worst s':>8} {'loading s':>10} {'÷ target':>9} "
+        f"{'÷ baseline':>11}")
     for n in sizes:
         took = statistics.median(t for t, _ in results[n])
+        worst = max(t for t, _ in results[n])
         loaded = statistics.median(x for _, x in results[n])
-        say(f"{n:>7} {8 * n:>13} {took:>11.3f} {loaded:>10.3f} {took / budget:>8.2f}× {took / base:>10.2f}×")
+        say(f"{n:>7} {8 * n:>13} {took:>11.3f} {worst:>8.3f} {loaded:>10.3f} {worst / budget:>8.2f}× "
+            f"{took / base:>10.2f}×")
     return 0
 
 
