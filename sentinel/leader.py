@@ -17,6 +17,7 @@ from __future__ import annotations
 import hashlib
 import logging
 import threading
+from abc import ABC, abstractmethod
 from collections.abc import Callable
 from typing import Any
 
@@ -32,17 +33,17 @@ def lock_key(name: str) -> int:
     return int.from_bytes(hashlib.sha256(name.encode()).digest()[:8], "big", signed=True)
 
 
-class LeaderLock:
-    """`try_acquire()` → held now?; `confirm()` → still held?; `release()`; `describe()` for logs."""
+class LeaderLock(ABC):
+    """`try_acquire()` → held now?; `confirm()` → still held?; `release()`; `holder()` for logs."""
 
-    def try_acquire(self) -> bool:
-        raise NotImplementedError
+    @abstractmethod
+    def try_acquire(self) -> bool: ...
 
-    def confirm(self) -> bool:
-        raise NotImplementedError
+    @abstractmethod
+    def confirm(self) -> bool: ...
 
-    def release(self) -> None:
-        raise NotImplementedError
+    @abstractmethod
+    def release(self) -> None: ...
 
     def holder(self) -> str | None:
         """Who holds the lock, as far as this server can tell (for logs and /readyz)."""
