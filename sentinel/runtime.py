@@ -145,9 +145,11 @@ class Runtime:
         self.detection.start()
         self.remediation.start()
         self.dispatcher.start()
+        with self.factory() as session:
+            replayed = self.detection.replay(session)
         self.led = True
-        log.info("leading: nodes=%d open_incidents=%d loaded in %.2fs", len(self.fleet.all()),
-                 len(self.incidents.active()), time.monotonic() - started)
+        log.info("leading: nodes=%d open_incidents=%d replayed_events=%d loaded in %.2fs", len(self.fleet.all()),
+                 len(self.incidents.active()), replayed, time.monotonic() - started)
 
     def stop(self) -> None:
         self.ready = False

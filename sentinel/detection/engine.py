@@ -16,10 +16,14 @@ import pkgutil
 import threading
 from importlib.metadata import entry_points
 
+from sqlalchemy.orm import Session
+
+from sentinel.clock import to_datetime
 from sentinel.config import Settings
 from sentinel.detection import detectors as builtin
 from sentinel.detection.base import DETECTORS, DetectionContext, Detector, Evaluation, Finding
 from sentinel.detection.history import Fault
+from sentinel.detection.replay import REPLAY_SECONDS, last_seen, stored_reports
 from sentinel.incidents.lifecycle import Incidents
 from sentinel.nodes.live import NodeLive
 from sentinel.telemetry.ingest import ClosedTask
@@ -75,6 +79,36 @@ class DetectionEngine:
                 self._failed(detector.name)
         if findings:
             self._worker.put(findings)
+
+    def replay(self, session: Session) -> int:
+        """On taking the lead: record what the stored agent events of the last minutes should have opened
+        and no incident has seen since (the last leader died between the ack and the incident; replay.py).
+        Returns how many findings were recorded."""
+        since = to_datetime(self.ctx.clock.time() - REPLAY_SECONDS)
+        missed: list[Finding] = []
+        for stored in stored_reports(session, since):
+            live = self.ctx.fleet.get(stored.node)
+            if live is None:
+                continue
+            for detector in self.detectors.values():
+                try:
+                    found = detector.on_report(self.ctx, live, stored.report, [])
+                except Exception:
+                    self._failed(detector.name)
+                    continue
+                for finding in found:
+                    seen = last_seen(session, finding.fingerprint)
+                    if seen is not None and seen >= stored.recorded_at:
+                        continue
+                    finding.seen += (" Opened by the server that took the lead: the report was stored and "
+                                     "acknowledged, but the previous leader stopped before opening this incident.")
+                    log.warning("replaying a stored event: node=%s seq=%d fingerprint=%s recorded_at=%s: the "
+                                "previous leader stopped before opening its incident", stored.node,
+                                stored.report.seq, finding.fingerprint, stored.recorded_at.isoformat())
+                    missed.append(finding)
+        if missed:
+            self.incidents.record(missed, repeat=True)
+        return len(missed)
 
     def start(self) -> None:
         self._worker.start()

@@ -275,6 +275,30 @@ def test_incidents_survive_a_restart_without_duplicates(settings, clock, client,
     assert after["id"] == before["id"] and after["occurrences"] == 2
 
 
+def test_an_event_the_last_leader_acknowledged_but_never_opened_is_opened_by_the_next(settings, clock, client,
+                                                                                      agent, admin_token):
+    """The ack commits a report's events; their incident is written a moment later. A leader that dies in
+    between leaves an event with no incident: the next leader opens it, and handles nothing twice."""
+    post(client, agent, report(seq=1, events=[xid(79, at=clock.time() - 0.2)], interval=1.0))
+    [handled] = incidents(client, admin_token)
+    runtime = rt(client)
+    runtime.ingest.listeners.remove(runtime.detection.on_report)  # acknowledges, then "dies" before the incident
+    post(client, agent, report(seq=2, events=[xid(48, "SIM-node-a-1", at=clock.time() - 0.1)], interval=1.0))
+    assert [i["id"] for i in incidents(client, admin_token)] == [handled["id"]]
+    stop_app(client)
+    clock.advance(5)
+    for _ in range(2):  # the second start finds both handled
+        with TestClient(create_app(settings, clock, run_scheduler=False)) as again:
+            found = {i["accelerator_uuid"]: i for i in incidents(again, admin_token)}
+            replayed = again.get(f"/api/v1/incidents/{found['SIM-node-a-1']['id']}", headers=bearer(admin_token))
+        assert sorted(found) == ["SIM-node-a-0", "SIM-node-a-1"]
+        assert found["SIM-node-a-0"]["id"] == handled["id"] and found["SIM-node-a-0"]["occurrences"] == 1
+        detail = replayed.json()
+        assert "XID 48" in detail["title"] and detail["occurrences"] == 1
+        assert "the previous leader stopped before opening this incident" in detail["seen"]
+        assert detail["detection_latency_seconds"] == pytest.approx(5.1)
+
+
 class Dip(Detector):
     """A stand-in statistical detector: an MFU dip on the first `dipping` of 100 jobs."""
 
