@@ -41,6 +41,9 @@ def test_kill9_server_under_load_loses_nothing_and_counts_nothing_twice(tmp_path
             time.sleep(2.5)  # agents keep reporting into their spools
             server.start()
         time.sleep(3)
+        # the agents back off up to 5 s between tries: let them empty their spools before they stop
+        wait_for(lambda: not any(any((tmp_path / "agents" / n / "spool").glob("*.json")) for n in names), timeout=60,
+                 what="both spools replayed")
     finally:
         for agent in agents:
             agent.send_signal(signal.SIGTERM)  # a clean stop drains the spool first

@@ -149,7 +149,7 @@ def test_simulated_fleet_against_a_live_server(tmp_path: Path) -> None:
         assert "[simulate" in done.stdout and "reports accepted" in done.stdout
         with server.api() as api:
             nodes = [n for n in api.get("/nodes", params={"limit": 1000}).json() if n["name"].startswith("sim-")]
-            assert len(nodes) == 50 and {n["state"] for n in nodes} <= {"active", "cordoned", "draining"}
+            assert len(nodes) == 50 and {n["state"] for n in nodes} <= {"active", "cordoned", "draining", "down"}
             accelerators = [a for a in api.get("/accelerators", params={"limit": 10_000}).json()
                             if a["uuid"].startswith("SIM-sim-")]
             assert len(accelerators) == 400

@@ -86,8 +86,8 @@ def test_reports_made_while_the_server_is_away_are_replayed_in_order(server, tmp
         wait_for(lambda: len(agent.spool) == 0, what="first report")
         server.kill9()
         seqs = [agent.report_now(agent.collect()) for _ in range(5)]
-        time.sleep(0.5)
-        assert len(agent.spool) == 5 and not agent.pusher.connected
+        wait_for(lambda: not agent.pusher.connected, timeout=10, what="the agent to notice the server is gone")
+        assert len(agent.spool) == 5
         server.start()
         wait_for(lambda: len(agent.spool) == 0, timeout=30, what="replay")
         receipts = server.api().get("/nodes/n1").json()["last_seq"]

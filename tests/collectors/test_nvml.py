@@ -25,6 +25,7 @@ from collectors.nvml import (
     utilization_ratio,
 )
 from sentinel.telemetry.schemas import HardwareEvent
+from tests.live import wait_for
 
 GIB = 2**30
 
@@ -382,6 +383,7 @@ def test_event_thread_emits_xid_and_counts_it(fake: FakeNvml, caplog: pytest.Log
     collector.start(sink)
     try:
         time.sleep(0.6)  # at least one idle wait: NVML's Timeout is the normal case, not a failure
+        wait_for(lambda: len(fake.registered) == 2, timeout=10, what="both devices registered")
         assert fake.registered == {
             0: pynvml.nvmlEventTypeXidCriticalError | pynvml.nvmlEventTypeDoubleBitEccError,
             1: pynvml.nvmlEventTypeXidCriticalError | pynvml.nvmlEventTypeDoubleBitEccError,

@@ -98,7 +98,10 @@ def test_kill9_the_leader_and_the_standby_takes_over_without_losing_or_repeating
         # fault 1, handled by the leader
         inject_xid79(cluster, api, "llm", rank=1)
         wait_for(lambda: attempts(out).get(1) == {0, 1}, timeout=120, what="attempt 1 stepping")
-        wait_for(lambda: receiver.find("trigger", "hardware"), timeout=30, what="the page")
+        [(_, page)] = wait_for(lambda: receiver.find("trigger", "hardware"), timeout=30, what="the page")
+        # Delivery is at-least-once: a kill between the send and its commit would send it again.
+        wait_for(lambda: [n["state"] for n in api.get(f"/incidents/{page['incident']['id']}").json()
+                          ["notifications"]] == ["delivered"], timeout=10, what="the page recorded as delivered")
 
         # kill -9 the leader; the standby must lead within 2× the check interval
         leader.kill9()

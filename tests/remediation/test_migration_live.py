@@ -12,6 +12,7 @@ import json
 import os
 import signal
 import time
+from typing import Any
 
 import pytest
 
@@ -79,9 +80,14 @@ def test_a_partition_trips_the_breaker_and_pages_once(tmp_path):
         wait_for(lambda: cluster.api.get("/breaker").json()["open"], timeout=30, what="the breaker to trip")
         breaker = cluster.api.get("/breaker").json()
         assert "would be out of service" in breaker["reason"]
+
+        def critical() -> list[dict[str, Any]]:
+            return [p for _, p in receiver.find("trigger", "heartbeat") if p["incident"]["severity"] == "critical"]
+
+        wait_for(critical, timeout=30, what="the fleet-wide page")
         time.sleep(3)  # anything else that was going to page has had time to
-        critical = [p for _, p in receiver.find("trigger", "heartbeat") if p["incident"]["severity"] == "critical"]
-        assert len(critical) == 1 and critical[0]["incident"]["node"] is None, [p["incident"]["title"]
+        pages = critical()
+        assert len(pages) == 1 and pages[0]["incident"]["node"] is None, [p["incident"]["title"]
                                                                                  for _, p in receiver.pages]
         accelerators = cluster.api.get("/accelerators").json()
         assert all(a["health"] == "healthy" for a in accelerators), "nothing is quarantined"
