@@ -145,8 +145,13 @@ class Runtime:
         self.detection.start()
         self.remediation.start()
         self.dispatcher.start()
-        with self.factory() as session:
-            replayed = self.detection.replay(session)
+        try:
+            with self.factory() as session:
+                replayed = self.detection.replay(session)
+        except Exception:  # leading without the replay beats not leading
+            log.exception("replaying stored events failed: events the last leader acknowledged but never "
+                          "opened may lack an incident; check GET /api/v1/events for the last two minutes")
+            replayed = 0
         self.led = True
         log.info("leading: nodes=%d open_incidents=%d replayed_events=%d loaded in %.2fs", len(self.fleet.all()),
                  len(self.incidents.active()), replayed, time.monotonic() - started)
