@@ -68,17 +68,19 @@ class Telemetry:
 
     @contextmanager
     def step(self, tokens: int | None = None) -> Iterator[None]:
-        """Time one training step (or one serving batch); `tokens` processed by this rank in it."""
+        """Time one training step (or one serving batch); `tokens` processed by this rank in it.
+
+        A step that raises (a peer died mid all-reduce) is not counted: the work it did is lost, and
+        counting it would tell the server the rank got one step further than it did."""
         self._in_step, self._step_collective, self._step_exposed = True, 0.0, None
         started_wall = time.time()
         started = time.perf_counter()
         try:
             yield
         finally:
-            duration = time.perf_counter() - started
             self._in_step = False
-            self.record_step(duration, tokens=tokens, collective_seconds=self._step_collective,
-                             exposed_seconds=self._step_exposed, started_at=started_wall)
+        self.record_step(time.perf_counter() - started, tokens=tokens, collective_seconds=self._step_collective,
+                         exposed_seconds=self._step_exposed, started_at=started_wall)
 
     @contextmanager
     def collective(self, op: str = "all_reduce", nbytes: int = 0) -> Iterator[None]:

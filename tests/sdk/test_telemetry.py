@@ -72,6 +72,26 @@ def test_steps_and_collectives_are_timed_and_the_batch_matches_the_agent_schema(
     assert batch.memory_source == "rss" and batch.memory_peak_bytes and batch.memory_peak_bytes > 10 * 2**20
 
 
+def test_a_step_that_raises_is_not_counted(agent):
+    """A peer killed mid all-reduce fails the step: the rank did not get one step further."""
+    tel = Telemetry(job_id=7, rank=0, agent_url=agent.url, start_thread=False)
+    tel.resume_at(200)
+    with tel.step(tokens=16):
+        pass
+    with pytest.raises(RuntimeError), tel.step(tokens=16), tel.collective("all_reduce"):
+        raise RuntimeError("Connection closed by peer")
+    assert tel.step_index == 201
+    assert tel.flush()
+    assert [s[0] for s in SdkBatch.model_validate(agent.batches[0]).steps] == [201]
+    with tel.collective("barrier"):  # the failed step does not leave the next collective counted inside a step
+        pass
+    with tel.step(tokens=16):
+        pass
+    assert tel.flush()
+    [(index, _started, _duration, _tokens, coll, _exposed)] = SdkBatch.model_validate(agent.batches[1]).steps
+    assert index == 202 and coll == 0.0
+
+
 def test_an_absent_agent_drops_and_counts_and_never_raises():
     tel = Telemetry(job_id=1, agent_url="http://127.0.0.1:9", start_thread=False)
     with tel.step(tokens=1):
