@@ -205,6 +205,9 @@ class Demo:
             "goodput_ratio": metrics["goodput_ratio"], "step_seconds_p50": metrics["step_seconds_p50"],
             "injected_to_open_seconds": opened - injected, "injected_to_stepping_seconds": completed - injected,
             "checkpoint_step": order["checkpoint_step"], "restored_step": resumed[0], "restored_tier": resumed[1],
+            # the truth the server's lost steps approach from below: the job's own log, which the server never
+            # reads (the ranks were killed with up to a telemetry flush of steps still unsent)
+            "redone_steps": max(0, self._last_step(out, order["attempt"]) - resumed[0]),
             "checkpoint_stall_seconds": policy["stall_seconds"],
             "checkpoint_interval_recommended_seconds": policy["interval_recommended_seconds"],
         }
@@ -233,10 +236,12 @@ class Demo:
         return (int(done[0][3]), done[0][4]) if len(done) >= 2 else None
 
     @staticmethod
-    def _last_step(out: Path) -> int:
+    def _last_step(out: Path, before_attempt: int | None = None) -> int:
+        """The furthest step the job's own log shows (of the attempts before `before_attempt`)."""
         log = out / "steps.log"
-        lines = log.read_text().splitlines() if log.exists() else []
-        return max((int(line.split()[2]) for line in lines if len(line.split()) == 4), default=0)
+        rows = [line.split() for line in (log.read_text().splitlines() if log.exists() else [])]
+        return max((int(r[2]) for r in rows if len(r) == 4 and (before_attempt is None or int(r[1]) < before_attempt)),
+                   default=0)
 
     def _signals(self, m: dict[str, Any]) -> None:
         table = Table(title="the job's four signals (GET /api/v1/jobs/{id}/metrics)", width=WIDTH)
@@ -263,7 +268,8 @@ class Demo:
                       "the order's completed_at − the injection")
         table.add_row("resumed from", f"step {f['restored_step']}",
                       f"GET /jobs/{{id}}/recovery-plan at the order ({f['restored_tier']} tier)")
-        table.add_row("lost steps", str(f["lost_steps"]), "steps recomputed: checkpoint → where the fault struck")
+        table.add_row("lost steps", str(f["lost_steps"]),
+                      f"recomputed: resumed step → the last the server saw (job's log: {f['redone_steps']})")
         stall = f["checkpoint_stall_seconds"]
         table.add_row("checkpoint stall", "-" if stall is None else f"{1000 * stall:.1f} ms",
                       "what a save blocks the loop for (median, slowest rank)")

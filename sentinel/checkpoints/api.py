@@ -88,6 +88,7 @@ def put_shard(job_id: IdPath, step: StepPath, rank: Rank, spec: ShardCreate, rt:
         raise HTTPException(exc.status, str(exc)) from exc
     rt.checkpoints.shard(job_id, step, rank, world_size=world_size, committed=accepted.committed_now,
                          at=rt.clock.time())
+    rt.jobs.saved(job_id, rank, spec.attempt, step)
     if accepted.committed_now:
         log.info("checkpoint committed: job=%d step=%d attempt=%d retired=%s", job_id, step, spec.attempt,
                  [s for s, _ in accepted.retired[-5:]])

@@ -58,6 +58,7 @@ class RankStats:
     last_progress_at: float | None = None  # when last_step last moved forward
     first_progress_at: float | None = None  # when this attempt first moved forward (recovery is measured to it)
     previous_last_step: int | None = None  # where the attempt before this one had got to
+    saved_step: int | None = None  # the newest step this attempt saved a checkpoint shard of
     ended: bool = False  # its process exited; a hung rank is one whose process still lives
 
 
@@ -69,6 +70,11 @@ class JobStats:
     failures: dict[str, int] = field(default_factory=dict)
     first_seen: float = 0.0
     lost_by_attempt: dict[int, int] = field(default_factory=dict)  # steps recomputed after each restart
+
+
+def _furthest(*steps: int | None) -> int | None:
+    known = [s for s in steps if s is not None]
+    return max(known) if known else None
 
 
 def quantile(values: list[float], q: float) -> float | None:
@@ -115,7 +121,8 @@ class JobTelemetry:
                     rank = stats.ranks[task.rank] = RankStats(task.rank)
                 if rank.pid != task.pid or rank.attempt != task.attempt:
                     if rank.pid and task.attempt > rank.attempt:
-                        rank.previous_last_step = rank.last_step
+                        rank.previous_last_step = _furthest(rank.last_step, rank.saved_step)
+                    rank.saved_step = None
                     rank.pid, rank.attempt, rank.attempt_steps = task.pid, task.attempt, 0
                     rank.ended, rank.first_seen, rank.last_progress_at = False, now, None
                     rank.first_progress_at = None
@@ -149,6 +156,15 @@ class JobTelemetry:
         stats = self.job(job_id)
         with self._lock:
             stats.failures[reason] = stats.failures.get(reason, 0) + 1
+
+    def saved(self, job_id: int, rank: int, attempt: int, step: int) -> None:
+        """A rank registered a checkpoint shard of `step`: its attempt got at least that far, even when the
+        telemetry of those steps never arrived (a rank killed between two flushes). Lost steps count it."""
+        with self._lock:
+            stats = self._jobs.get(job_id)
+            found = stats.ranks.get(rank) if stats else None
+            if found is not None and found.attempt == attempt:
+                found.saved_step = _furthest(found.saved_step, step)
 
     def mark_ended(self, job_id: int, rank: int, pid: int) -> None:
         """The rank's process exited: it can no longer be hung."""

@@ -143,3 +143,27 @@ def test_a_restart_counts_the_steps_it_threw_away(client, job, admin_token, cloc
     assert m["lost_steps_total"] == 50, "attempt 1 started over at step 0 after attempt 0 reached step 50"
     # 50 recomputed steps of 0.1 s over ~60 s since the job started: goodput ≈ 1 − 5/60
     assert m["goodput_ratio"] == pytest.approx(1 - 50 * 0.1 / 60, abs=0.02)
+
+
+def test_a_checkpoint_saved_after_the_last_telemetry_counts_towards_the_lost_steps(client, job, admin_token,
+                                                                                      make_token):
+    """A rank killed between two telemetry flushes got further than its telemetry says; the shards it
+    registered say how far, so the steps the restart recomputes are not undercounted."""
+    job_id, agent = job
+    launcher = bearer(make_token("launcher"))
+    body = report(seq=1, accelerators=0)
+    body["tasks"] = [task(job_id, r, [0.1] * 48, 10, 0.0) for r in range(2)]  # telemetry got to step 48
+    client.post("/api/v1/nodes/node-a/reports", json=body, headers=agent)
+    where = [{"tier": "persistent", "node": "", "uri": "/ckpt/shared"}]
+    for step in (50, 60):  # then both ranks saved steps 50 and 60 before they were killed
+        for rank in range(2):
+            shard = {"manifest_digest": "ab" * 16, "attempt": 0, "locations": where}
+            response = client.put(f"/api/v1/jobs/{job_id}/checkpoints/{step}/shards/{rank}", json=shard,
+                                  headers=launcher)
+            assert response.status_code == 200, response.text
+    body = report(seq=2, accelerators=0)  # attempt 1 resumed from step 50 and made 5 steps
+    body["tasks"] = [{**task(job_id, r, [0.1] * 5, 10, 0.0), "attempt": 1, "pid": 2000 + r, "last_step": 55}
+                     for r in range(2)]
+    client.post("/api/v1/nodes/node-a/reports", json=body, headers=agent)
+    m = client.get(f"/api/v1/jobs/{job_id}/metrics", headers=bearer(admin_token)).json()
+    assert m["lost_steps_total"] == 10, "steps 51-60 are recomputed, though telemetry only showed up to 48"
