@@ -40,7 +40,9 @@ class Telemetry:
                  agent_url: str | None = None, flush_interval_seconds: float = 1.0, start_thread: bool = True):
         self.job_id = job_id if job_id is not None else _env_int("SENTINEL_JOB_ID")
         self.rank = rank if rank is not None else (_env_int("SENTINEL_RANK") or _env_int("RANK") or 0)
-        self.attempt = attempt if attempt is not None else (_env_int("SENTINEL_ATTEMPT") or 0)
+        # under torchrun too, as the checkpoint manager: a restart is a new attempt, whose lost steps count
+        self.attempt = attempt if attempt is not None else (
+            _env_int("SENTINEL_ATTEMPT") or _env_int("TORCHELASTIC_RESTART_COUNT") or 0)
         self.agent_url = agent_url or os.environ.get("SENTINEL_AGENT_URL") or DEFAULT_AGENT_URL
         self.pid = os.getpid()
         self._interval = flush_interval_seconds

@@ -107,6 +107,10 @@ def test_environment_configures_it_and_arguments_win(monkeypatch):
     tel = Telemetry(start_thread=False)
     assert (tel.job_id, tel.rank, tel.agent_url) == (12, 3, "http://127.0.0.1:1234")
     assert Telemetry(rank=5, start_thread=False).rank == 5
+    monkeypatch.setenv("TORCHELASTIC_RESTART_COUNT", "2")  # torchrun's restart count is the attempt
+    assert Telemetry(start_thread=False).attempt == 2
+    monkeypatch.setenv("SENTINEL_ATTEMPT", "3")
+    assert Telemetry(start_thread=False).attempt == 3
 
 
 def test_an_uncaught_exception_is_sent_before_the_process_dies(agent, tmp_path):
