@@ -28,9 +28,13 @@ DEFAULT_AGENT_URL = "http://127.0.0.1:9481"
 MAX_BUFFERED_STEPS = 10_000
 
 
-def _env_int(name: str) -> int | None:
-    value = os.environ.get(name)
-    return int(value) if value not in (None, "") else None
+def _env_int(*names: str) -> int | None:
+    """The first of these variables that is set."""
+    for name in names:
+        value = os.environ.get(name)
+        if value not in (None, ""):
+            return int(value)
+    return None
 
 
 class Telemetry:
@@ -42,7 +46,7 @@ class Telemetry:
         self.rank = rank if rank is not None else (_env_int("SENTINEL_RANK") or _env_int("RANK") or 0)
         # under torchrun too, as the checkpoint manager: a restart is a new attempt, whose lost steps count
         self.attempt = attempt if attempt is not None else (
-            _env_int("SENTINEL_ATTEMPT") or _env_int("TORCHELASTIC_RESTART_COUNT") or 0)
+            _env_int("SENTINEL_ATTEMPT", "TORCHELASTIC_RESTART_COUNT") or 0)
         self.agent_url = agent_url or os.environ.get("SENTINEL_AGENT_URL") or DEFAULT_AGENT_URL
         self.pid = os.getpid()
         self._interval = flush_interval_seconds
