@@ -274,7 +274,8 @@ class Demo:
         table.add_row("checkpoint stall", "-" if stall is None else f"{1000 * stall:.1f} ms",
                       "what a save blocks the loop for (median, slowest rank)")
         every = f["checkpoint_interval_recommended_seconds"]
-        table.add_row("checkpoint every", "-" if every is None else f"{every:.1f} s",
+        shown = "-" if every is None else f"{1000 * every:.0f} ms" if every < 1 else f"{every:.1f} s"
+        table.add_row("checkpoint every", shown,
                       "recommended: Young/Daly √(2·stall·MTBF), live failure rate")
         goodput = "-" if f["goodput_ratio"] is None else f"{100 * f['goodput_ratio']:.1f} %"
         table.add_row("goodput", goodput, "GET /jobs/{id}/metrics: 1 − lost time ÷ time since start")
