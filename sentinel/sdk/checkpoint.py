@@ -34,6 +34,7 @@ import numpy as np
 from sentinel.sdk import chunks
 from sentinel.sdk.catalog import Catalog, CatalogError
 from sentinel.sdk.stores import CheckpointStore, CheckpointStoreError, LocalDirStore, SharedDirStore
+from sentinel.sdk.telemetry import env_int
 
 log = logging.getLogger("sentinel.sdk.checkpoint")
 FORMAT = 1
@@ -77,14 +78,6 @@ def retained_steps(steps: list[int], *, keep_last: int, keep_every: int = 0) -> 
     return keep
 
 
-def _env_int(*names: str) -> int | None:
-    for name in names:
-        value = os.environ.get(name)
-        if value not in (None, ""):
-            return int(value)
-    return None
-
-
 class CheckpointManager:
     def __init__(self, *, job_id: int | None = None, rank: int | None = None, node: str | None = None,
                  local_dir: str | None = None, persistent_dir: str | None = None, replica_node: str | None = None,
@@ -92,9 +85,9 @@ class CheckpointManager:
                  chunk_bytes: int = chunks.DEFAULT_CHUNK_BYTES, row_chunk_bytes: int = chunks.DEFAULT_ROW_CHUNK_BYTES,
                  row_chunked: tuple[str, ...] = chunks.ROW_CHUNKED, catalog: Catalog | bool | None = True,
                  write_bytes_per_second: float | None = None, attempt: int | None = None):
-        self.job_id = job_id if job_id is not None else (_env_int("SENTINEL_JOB_ID") or 0)
-        self.rank = rank if rank is not None else (_env_int("SENTINEL_RANK", "RANK") or 0)
-        attempt = attempt if attempt is not None else _env_int("SENTINEL_ATTEMPT", "TORCHELASTIC_RESTART_COUNT")
+        self.job_id = job_id if job_id is not None else (env_int("SENTINEL_JOB_ID") or 0)
+        self.rank = rank if rank is not None else (env_int("SENTINEL_RANK", "RANK") or 0)
+        attempt = attempt if attempt is not None else env_int("SENTINEL_ATTEMPT", "TORCHELASTIC_RESTART_COUNT")
         self.attempt = attempt or 0  # under torchrun too: a restarted attempt may save a step again
         self.node = node or os.environ.get("SENTINEL_NODE") or os.uname().nodename
         self.local_template = (local_dir or os.environ.get("SENTINEL_CHECKPOINT_LOCAL_DIR")

@@ -28,7 +28,7 @@ DEFAULT_AGENT_URL = "http://127.0.0.1:9481"
 MAX_BUFFERED_STEPS = 10_000
 
 
-def _env_int(*names: str) -> int | None:
+def env_int(*names: str) -> int | None:
     """The first of these variables that is set."""
     for name in names:
         value = os.environ.get(name)
@@ -42,11 +42,11 @@ class Telemetry:
 
     def __init__(self, *, job_id: int | None = None, rank: int | None = None, attempt: int | None = None,
                  agent_url: str | None = None, flush_interval_seconds: float = 1.0, start_thread: bool = True):
-        self.job_id = job_id if job_id is not None else _env_int("SENTINEL_JOB_ID")
-        self.rank = rank if rank is not None else (_env_int("SENTINEL_RANK") or _env_int("RANK") or 0)
+        self.job_id = job_id if job_id is not None else env_int("SENTINEL_JOB_ID")
+        self.rank = rank if rank is not None else (env_int("SENTINEL_RANK") or env_int("RANK") or 0)
         # under torchrun too, as the checkpoint manager: a restart is a new attempt, whose lost steps count
         self.attempt = attempt if attempt is not None else (
-            _env_int("SENTINEL_ATTEMPT", "TORCHELASTIC_RESTART_COUNT") or 0)
+            env_int("SENTINEL_ATTEMPT", "TORCHELASTIC_RESTART_COUNT") or 0)
         self.agent_url = agent_url or os.environ.get("SENTINEL_AGENT_URL") or DEFAULT_AGENT_URL
         self.pid = os.getpid()
         self._interval = flush_interval_seconds
