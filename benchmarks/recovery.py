@@ -2,7 +2,7 @@
 
     PYTHONPATH=. python benchmarks/recovery.py [--rounds 3] [--collective-timeout 30]
 
-The job is `sentinel/demo_job.py` (`python -m sentinel.demo_job`): 2-rank DDP over gloo on CPU, the store
+The job is `sentinel/demo/job.py` (`python -m sentinel.demo.job`): 2-rank DDP over gloo on CPU, the store
 prefixed per attempt
 (the restart fix ENVIRONMENT.md describes), appending "rank attempt step wall_time" to steps.log on every
 step. Times are read from that log, not from Sentinel: from the moment the benchmark injects the fault
@@ -42,7 +42,7 @@ from pathlib import Path
 import psutil
 from support import HOST, REPO, BenchError, Processes, api, free_port, http_call, ready, say, tail, wait
 
-JOB = ["-m", "sentinel.demo_job"]
+JOB = ["-m", "sentinel.demo.job"]
 
 
 
@@ -156,7 +156,7 @@ def sentinel_runs(args: argparse.Namespace, procs: Processes, work: Path) -> dic
 def torchrun_rank(torchrun: subprocess.Popen[bytes], rank: int) -> psutil.Process | None:
     for child in psutil.Process(torchrun.pid).children(recursive=True):
         try:
-            if child.environ().get("RANK") == str(rank) and "sentinel.demo_job" in " ".join(child.cmdline()):
+            if child.environ().get("RANK") == str(rank) and "sentinel.demo.job" in " ".join(child.cmdline()):
                 return child
         except psutil.Error:
             continue
@@ -172,7 +172,7 @@ def torchrun_runs(args: argparse.Namespace, procs: Processes, work: Path) -> dic
     env = {**os.environ, "OUT_DIR": str(out), "STEPS": "0", "COLLECTIVE_TIMEOUT": str(args.collective_timeout),
            "SENTINEL_AGENT_URL": "http://127.0.0.1:9"}  # no Sentinel here: the SDK's sends fail fast
     proc = procs.start("torchrun", [torchrun, "--standalone", "--nproc-per-node", "2", "--max-restarts",
-                                    str(2 * rounds + 2), "--monitor-interval", "0.1", "-m", "sentinel.demo_job"], env,
+                                    str(2 * rounds + 2), "--monitor-interval", "0.1", "-m", "sentinel.demo.job"], env,
                        work / "torchrun.log")
     results: dict[str, list[float]] = {"crash": [], "hang": []}
     wait("torchrun stepping", lambda: steady(log, 0), 180, procs, [proc])

@@ -25,7 +25,7 @@ from collectors.sim import SimCollector
 from collectors.spool import SeqCounter, Spool
 from sentinel import __version__
 from sentinel.auth.tls import client_ssl_context
-from sentinel.failover import failover_client
+from sentinel.ha.failover import failover_client
 from sentinel.telemetry.schemas import (
     AcceleratorSample,
     Assignment,

@@ -24,7 +24,7 @@ from sentinel.checkpoints.api import router as checkpoints_router
 from sentinel.clock import Clock
 from sentinel.config import Settings
 from sentinel.events.api import router as events_router
-from sentinel.failover import ROLE_HEADER
+from sentinel.ha.failover import ROLE_HEADER
 from sentinel.incidents.api import router as incidents_router
 from sentinel.jobs.api import router as jobs_router
 from sentinel.metrics import build_registry

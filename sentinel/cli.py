@@ -13,13 +13,13 @@ from typing import Any
 
 import httpx
 
-from sentinel import simulate
 from sentinel.auth import cli as auth_cli
 from sentinel.client import ApiError, SentinelClient, resolve_token
 from sentinel.config import load_settings
 from sentinel.console import human_bytes, table
 from sentinel.grafana import cli as grafana_cli
 from sentinel.incidents import cli as incidents_cli
+from sentinel.simulate import cli as simulate
 
 LOG_FORMAT = "%(asctime)s %(levelname)-7s %(name)s: %(message)s"
 
@@ -171,7 +171,7 @@ def cmd_inject(args: argparse.Namespace) -> int:
 
 
 def cmd_launch(args: argparse.Namespace) -> int:
-    from sentinel.remediation.launcher import Launcher
+    from sentinel.launcher.launcher import Launcher
 
     argv = list(args.cmd)
     if argv and argv[0] == "--":
@@ -209,7 +209,7 @@ def cmd_breaker(args: argparse.Namespace) -> int:
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
-    from sentinel.demo import run_demo
+    from sentinel.demo.demo import run_demo
 
     return run_demo(data_dir=Path(args.data_dir) if args.data_dir else None, port=args.port, fault=args.fault,
                     exit_after=args.exit, duration=args.duration)

@@ -12,7 +12,7 @@ import httpx
 
 from sentinel.auth.tls import client_ssl_context
 from sentinel.config import default_data_dir
-from sentinel.failover import failover_client
+from sentinel.ha.failover import failover_client
 
 DEFAULT_SERVER = "http://127.0.0.1:9480"
 log = logging.getLogger("sentinel.client")
@@ -39,7 +39,7 @@ def resolve_token(token: str | None, data_dir: Path | None = None) -> str | None
 
 
 class SentinelClient:
-    """`server` is one URL or a comma-separated list (a leader and its standbys): see sentinel/failover.py."""
+    """`server` is one URL or a comma-separated list (a leader and its standbys): see sentinel/ha/failover.py."""
 
     def __init__(self, server: str | None = None, token: str | None = None, timeout: float = 15.0):
         self.server = server or os.environ.get("SENTINEL_SERVER") or DEFAULT_SERVER

@@ -27,10 +27,10 @@ from sentinel.detection.base import DetectionContext
 from sentinel.detection.catalog import FaultCatalog
 from sentinel.detection.engine import DetectionEngine, load_detectors
 from sentinel.detection.history import FaultHistory
+from sentinel.ha.leader import Elector, make_lock
 from sentinel.incidents.lifecycle import Incidents
 from sentinel.jobs.service import assignments_by_node
 from sentinel.jobs.telemetry import JobTelemetry
-from sentinel.leader import Elector, make_lock
 from sentinel.nodes.commands import CommandQueue
 from sentinel.nodes.live import Fleet, NodeLive
 from sentinel.nodes.liveness import flush_liveness

@@ -95,7 +95,7 @@ def client(settings: Settings, clock: FakeClock) -> Iterator[TestClient]:
 
 def stop_app(client: TestClient) -> None:
     """Shut the app down (its lifespan ends) before a test starts another on the same database: on
-    PostgreSQL a second server beside a live one is a standby by design (sentinel/leader.py)."""
+    PostgreSQL a second server beside a live one is a standby by design (sentinel/ha/leader.py)."""
     client.__exit__(None, None, None)
 
 

@@ -128,7 +128,7 @@ class Receiver:
 
 
 # -- a small cluster: a server, sim agents and `sentinel launch` of the demo job ----------------------------------
-DEMO_JOB = ["-m", "sentinel.demo_job"]
+DEMO_JOB = ["-m", "sentinel.demo.job"]
 
 
 def start_agent(server: LiveServer, token: str, name: str, work: Path, accelerators: int) -> subprocess.Popen[bytes]:

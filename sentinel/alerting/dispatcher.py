@@ -30,11 +30,10 @@ from sqlalchemy import select, update
 from sqlalchemy.orm import Session, sessionmaker
 
 from sentinel.alerting import notifiers, service
-from sentinel.alerting.config import ReceiverConfig
 from sentinel.alerting.models import DeliveryAttempt, Notification, Silence
 from sentinel.alerting.notifiers import OutboundRequest, alertmanager
 from sentinel.clock import Clock, to_datetime
-from sentinel.config import Settings
+from sentinel.config import ReceiverConfig, Settings
 from sentinel.db import transaction
 from sentinel.incidents import render as prose
 from sentinel.incidents.models import Incident

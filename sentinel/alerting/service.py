@@ -13,9 +13,8 @@ from sqlalchemy import or_, select
 from sqlalchemy.orm import Session
 
 from sentinel.alerting import notifiers
-from sentinel.alerting.config import ReceiverConfig
 from sentinel.alerting.models import DeliveryAttempt, Notification, Silence
-from sentinel.config import Settings
+from sentinel.config import ReceiverConfig, Settings
 from sentinel.incidents import render
 from sentinel.incidents.models import Incident
 

@@ -9,8 +9,7 @@ one connection per sender, `--connections` in all. A report that fails is retrie
 agent's spool, and counted; one the server refuses for good is lost, and the exit status says so.
 """
 
-from sentinel.simulate.cli import add_parser, cmd_simulate
 from sentinel.simulate.fleet import Fleet, registration
 from sentinel.simulate.runner import Options, Simulator
 
-__all__ = ["Fleet", "Options", "Simulator", "add_parser", "cmd_simulate", "registration"]
+__all__ = ["Fleet", "Options", "Simulator", "registration"]

@@ -18,11 +18,10 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
 
 from sentinel.alerting import service
-from sentinel.alerting.config import ReceiverConfig
 from sentinel.alerting.dispatcher import Dispatcher
 from sentinel.alerting.models import DeliveryAttempt, Notification
 from sentinel.clock import to_datetime
-from sentinel.config import Settings
+from sentinel.config import ReceiverConfig, Settings
 from sentinel.db import transaction
 from sentinel.incidents.models import Incident
 from tests.alerting.alerting_helpers import LoopbackReceiver, database, incident

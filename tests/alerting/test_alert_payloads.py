@@ -11,8 +11,8 @@ import httpx
 import pytest
 
 from sentinel.alerting import notifiers
-from sentinel.alerting.config import ReceiverConfig
 from sentinel.alerting.notifiers import OutboundRequest, webhook
+from sentinel.config import ReceiverConfig
 from sentinel.incidents import render as prose
 from tests.alerting.alerting_helpers import LoopbackReceiver, Recorded, incident
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from sentinel.alerting.config import ReceiverConfig
 from sentinel.alerting.service import matcher_matches, normalise_matchers, routes
+from sentinel.config import ReceiverConfig
 
 LABELS = {"alertname": "SentinelXid", "severity": "warning", "detector": "xid", "layer": "hardware",
           "node": "node-a", "job": "7"}

@@ -14,10 +14,9 @@ import httpx
 import pytest
 
 from sentinel.alerting import service
-from sentinel.alerting.config import ReceiverConfig
 from sentinel.alerting.dispatcher import Dispatcher
 from sentinel.clock import SystemClock, to_datetime
-from sentinel.config import Settings
+from sentinel.config import ReceiverConfig, Settings
 from sentinel.db import transaction
 from sentinel.incidents import render as prose
 from sentinel.incidents.models import Incident

@@ -10,9 +10,9 @@ from datetime import UTC, datetime
 import httpx
 
 from sentinel.alerting import notifiers
-from sentinel.alerting.config import ReceiverConfig
 from sentinel.alerting.notifiers import webhook
 from sentinel.alerting.notifiers.webhook import REPLAY_TOLERANCE_SECONDS, sign, verify_signature
+from sentinel.config import ReceiverConfig
 from sentinel.remediation.orders import OrderBoard
 from tests.alerting.alerting_helpers import LoopbackReceiver, Recorded, incident
 

@@ -16,8 +16,8 @@ from sqlalchemy import create_engine, text
 
 from sentinel.app import create_app
 from sentinel.config import Settings
-from sentinel.failover import ROLE_HEADER, failover_client, parse_servers
-from sentinel.leader import Elector, PostgresLeader, SoleLeader, lock_key
+from sentinel.ha.failover import ROLE_HEADER, failover_client, parse_servers
+from sentinel.ha.leader import Elector, PostgresLeader, SoleLeader, lock_key
 from tests.conftest import bearer, fresh_postgres_database
 from tests.live import free_port
 

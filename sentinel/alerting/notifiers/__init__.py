@@ -10,9 +10,9 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Protocol
 
-from sentinel.alerting.config import ReceiverConfig
 from sentinel.alerting.notifiers import alertmanager, pagerduty, slack, webhook
 from sentinel.alerting.notifiers.common import DEFAULT_EXTERNAL_URL, OutboundRequest
+from sentinel.config import ReceiverConfig
 from sentinel.incidents.models import Incident
 
 __all__ = ["DEFAULT_EXTERNAL_URL", "NOTIFIERS", "Notifier", "OutboundRequest", "render", "sends"]

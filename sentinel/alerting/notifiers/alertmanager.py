@@ -12,8 +12,8 @@ import re
 from collections.abc import Iterable
 from datetime import datetime, timedelta
 
-from sentinel.alerting.config import ReceiverConfig
 from sentinel.alerting.notifiers.common import OutboundRequest, check_event, incident_url, json_body, rfc3339
+from sentinel.config import ReceiverConfig
 from sentinel.incidents import render as prose
 from sentinel.incidents.models import Incident
 

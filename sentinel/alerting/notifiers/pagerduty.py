@@ -10,7 +10,6 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any
 
-from sentinel.alerting.config import ReceiverConfig
 from sentinel.alerting.notifiers.common import (
     EVENTS,
     OutboundRequest,
@@ -21,6 +20,7 @@ from sentinel.alerting.notifiers.common import (
     json_body,
     rfc3339,
 )
+from sentinel.config import ReceiverConfig
 from sentinel.incidents import render as prose
 from sentinel.incidents.models import Incident
 

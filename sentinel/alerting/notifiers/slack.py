@@ -10,8 +10,8 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any
 
-from sentinel.alerting.config import ReceiverConfig
 from sentinel.alerting.notifiers.common import EVENTS, OutboundRequest, check_event, clip, incident_url, json_body
+from sentinel.config import ReceiverConfig
 from sentinel.incidents import render as prose
 from sentinel.incidents.models import Incident
 

@@ -19,8 +19,8 @@ from typing import Any
 
 from sqlalchemy import inspect
 
-from sentinel.alerting.config import ReceiverConfig
 from sentinel.alerting.notifiers.common import EVENTS, OutboundRequest, check_event, incident_url, json_body
+from sentinel.config import ReceiverConfig
 from sentinel.incidents import render as prose
 from sentinel.incidents.models import Incident
 

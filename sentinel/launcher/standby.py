@@ -1,4 +1,4 @@
-"""A warm standby for one rank: `python -m sentinel.remediation.standby --preload torch`.
+"""A warm standby for one rank: `python -m sentinel.launcher.standby --preload torch`.
 
 It imports the heavy modules now, then waits for one JSON line on stdin — {"env": {...}, "argv":
 [script, args…]} or {"env": {...}, "module": name, "argv": [...]} — sets the environment and runs the

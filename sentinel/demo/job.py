@@ -1,4 +1,4 @@
-"""The demo's training job: DDP over gloo on CPU, instrumented by the SDK. `python -m sentinel.demo_job`.
+"""The demo's training job: DDP over gloo on CPU, instrumented by the SDK. `python -m sentinel.demo.job`.
 
 Used by `sentinel demo`, the remediation and checkpoint tests and benchmarks/recovery.py. Runs under
 `sentinel launch` and under `torchrun` alike: the store is prefixed per attempt

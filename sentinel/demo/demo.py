@@ -131,7 +131,7 @@ class Demo:
         out = self.data_dir / "job"
         out.mkdir(exist_ok=True)
         self.start("launch", _sentinel("launch", "--job", "demo-llm", "--nproc", "2", "--", sys.executable, "-m",
-                                       "sentinel.demo_job"),
+                                       "sentinel.demo.job"),
                    {**env, "SENTINEL_SERVER": self.url, "SENTINEL_TOKEN": launcher_token, "OUT_DIR": str(out),
                     "STEPS": "0", "CKPT_EVERY": str(LOCAL_EVERY), "CKPT_PERSISTENT_EVERY": str(SHARED_EVERY),
                     "SENTINEL_CHECKPOINT_LOCAL_DIR": str(self.data_dir / "checkpoints" / "{node}"),

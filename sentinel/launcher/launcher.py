@@ -104,7 +104,7 @@ class Launcher:
 
     def _spawn_standby(self) -> Standby:
         interpreter = shutil.which(self.argv[0]) or self.argv[0]
-        cmd = [interpreter, "-m", "sentinel.remediation.standby", *[a for m in self.preload for a in ("--preload", m)]]
+        cmd = [interpreter, "-m", "sentinel.launcher.standby", *[a for m in self.preload for a in ("--preload", m)]]
         proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, start_new_session=True)
         standby = Standby(proc)
 

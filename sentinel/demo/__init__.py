@@ -1,0 +1,1 @@
+"""`sentinel demo`: the whole story on the embedded default (`demo.py`), and the training job it runs (`job.py`)."""

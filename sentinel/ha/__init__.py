@@ -1,0 +1,1 @@
+"""High availability: who leads (`leader.py`, a database lock) and how clients find the leader (`failover.py`)."""
