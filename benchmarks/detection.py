@@ -253,11 +253,11 @@ class SyntheticFleet:
         from sentinel.detection.base import DetectionContext
         from sentinel.detection.catalog import FaultCatalog
         from sentinel.detection.engine import DetectionEngine, load_detectors
-        from sentinel.detection.history import Fault, FaultHistory
-        from sentinel.jobs.telemetry import JobTelemetry
-        from sentinel.nodes.live import Fleet
+        from sentinel.live.faults import Fault, FaultHistory
+        from sentinel.live.fleet import Fleet
+        from sentinel.live.jobs import JobTelemetry
+        from sentinel.live.samples import SampleStore
         from sentinel.nodes.models import Node
-        from sentinel.telemetry.samples import SampleStore
         from sentinel.telemetry.schemas import AcceleratorSample, Assignment, TaskTelemetry
 
         class Clock:

@@ -173,8 +173,8 @@ class ReliabilityCollector(Collector):
         self._rt = runtime
 
     def collect(self) -> Iterator[GaugeMetricFamily]:
-        from sentinel.accelerators.service import fault_rates
         from sentinel.clock import to_datetime
+        from sentinel.nodes.service import fault_rates
 
         try:
             with self._rt.factory() as session:

@@ -19,26 +19,26 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from sentinel.alerting.dispatcher import Dispatcher
 from sentinel.auth.service import TokenCache, count_tokens, create_token
-from sentinel.checkpoints.ledger import CheckpointLedger
 from sentinel.clock import Clock, SystemClock, to_datetime
 from sentinel.config import Settings
 from sentinel.db import make_engine, make_sessionmaker, migration_lock, transaction, upgrade
 from sentinel.detection.base import DetectionContext
 from sentinel.detection.catalog import FaultCatalog
 from sentinel.detection.engine import DetectionEngine, load_detectors
-from sentinel.detection.history import FaultHistory
 from sentinel.ha.leader import Elector, make_lock
 from sentinel.incidents.lifecycle import Incidents
 from sentinel.jobs.service import assignments_by_node
-from sentinel.jobs.telemetry import JobTelemetry
+from sentinel.live.checkpoints import CheckpointLedger
+from sentinel.live.faults import FaultHistory
+from sentinel.live.fleet import Fleet, NodeLive
+from sentinel.live.jobs import JobTelemetry
+from sentinel.live.liveness import flush_liveness
+from sentinel.live.samples import SampleStore
 from sentinel.nodes.commands import CommandQueue
-from sentinel.nodes.live import Fleet, NodeLive
-from sentinel.nodes.liveness import flush_liveness
+from sentinel.pipeline.ingest import ClosedTask, Ingest
+from sentinel.pipeline.writer import GroupCommitWriter
 from sentinel.remediation.engine import RemediationEngine
-from sentinel.telemetry.ingest import ClosedTask, Ingest
-from sentinel.telemetry.samples import SampleStore
 from sentinel.telemetry.schemas import Assignment, NodeReport
-from sentinel.telemetry.writer import GroupCommitWriter
 
 log = logging.getLogger("sentinel.server")
 
@@ -80,7 +80,7 @@ class Runtime:
                         writer=GroupCommitWriter(factory))
         jobs, history, checkpoints = JobTelemetry(), FaultHistory(), CheckpointLedger()
         dispatcher = Dispatcher(factory, settings, clock)
-        incidents = Incidents(factory, settings, clock, enqueued=dispatcher.enqueued)
+        incidents = Incidents(factory, settings, clock, outbox=dispatcher)
         holder: list[Runtime] = []
         ctx = DetectionContext(settings=settings, clock=clock, fleet=fleet, samples=samples, jobs=jobs,
                                catalog=FaultCatalog.load(settings.fault_catalog_file), history=history,

@@ -8,7 +8,7 @@ from typing import Any
 
 from apscheduler.schedulers.background import BackgroundScheduler
 
-from sentinel.nodes.liveness import check_liveness, flush_liveness, prune_receipts
+from sentinel.live.liveness import check_liveness, flush_liveness, prune_receipts
 from sentinel.runtime import Runtime
 
 log = logging.getLogger("sentinel.scheduler")

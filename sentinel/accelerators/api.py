@@ -5,10 +5,10 @@ from typing import Annotated, Literal
 from fastapi import APIRouter, Depends, Query
 
 from sentinel.accelerators.schemas import AcceleratorOut, FleetReliability, NodeReliability
-from sentinel.accelerators.service import fault_rates, list_accelerators
 from sentinel.auth.deps import READ, allow
 from sentinel.clock import to_datetime
 from sentinel.deps import Offset, runtime
+from sentinel.nodes.service import fault_rates, list_accelerators
 from sentinel.runtime import Runtime
 
 router = APIRouter(prefix="/accelerators", tags=["accelerators"])

@@ -1,6 +1,7 @@
-from __future__ import annotations
+"""Accelerator health: healthy → suspect → quarantined → healthy, and counts by health. Takes a session, never
+commits. Which node an accelerator sits in is the nodes domain's (nodes/service.py)."""
 
-from datetime import datetime
+from __future__ import annotations
 
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
@@ -8,20 +9,7 @@ from sqlalchemy.orm import Session
 from sentinel.accelerators.models import HEALTH_STATES, Accelerator
 from sentinel.audit.service import record
 from sentinel.db import utcnow
-from sentinel.events.models import Event
 from sentinel.events.service import record_event
-from sentinel.nodes.models import Node
-
-
-def list_accelerators(session: Session, *, node: str | None = None, health: str | None = None,
-                      limit: int = 1000, offset: int = 0) -> list[tuple[Accelerator, str]]:
-    query = (select(Accelerator, Node.name).join(Node, Node.id == Accelerator.node_id)
-             .order_by(Node.name, Accelerator.index).limit(limit).offset(offset))
-    if node is not None:
-        query = query.where(Node.name == node)
-    if health is not None:
-        query = query.where(Accelerator.health == health)
-    return [(acc, name) for acc, name in session.execute(query)]
 
 
 def count_by_health(session: Session) -> dict[str, int]:
@@ -30,21 +18,6 @@ def count_by_health(session: Session) -> dict[str, int]:
     for health, count in session.execute(query):
         counts[health] = count
     return counts
-
-
-HARDWARE_FAULTS = ("xid", "ecc", "offline", "remap")
-
-
-def fault_rates(session: Session, now: datetime) -> list[tuple[str, int, float]]:
-    """(node, hardware faults, accelerator-days observed) per node, for failures per 1,000 accelerator-days."""
-    query = (select(Node.name, func.count(Event.id)).join(Event, Event.node_id == Node.id)
-             .where(Event.kind.in_(HARDWARE_FAULTS), Event.severity == "critical").group_by(Node.name))
-    faults: dict[str, int] = {name: count for name, count in session.execute(query)}
-    days: dict[str, float] = {}
-    for name, registered in session.execute(select(Node.name, Accelerator.registered_at)
-                                            .join(Node, Node.id == Accelerator.node_id)):
-        days[name] = days.get(name, 0.0) + max(0.0, (now - registered).total_seconds()) / 86400.0
-    return [(name, int(faults.get(name, 0)), days.get(name, 0.0)) for name in sorted(set(days) | set(faults))]
 
 
 class AcceleratorNotFound(LookupError):

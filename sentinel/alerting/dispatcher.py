@@ -36,6 +36,7 @@ from sentinel.clock import Clock, to_datetime
 from sentinel.config import ReceiverConfig, Settings
 from sentinel.db import transaction
 from sentinel.incidents import render as prose
+from sentinel.incidents.lifecycle import Owed
 from sentinel.incidents.models import Incident
 
 log = logging.getLogger("sentinel.alerting")
@@ -121,7 +122,17 @@ class Dispatcher:
         """Send now rather than at the next tick (call after committing new rows)."""
         self._wake.set()
 
-    def enqueued(self, rows: Iterable[Notification]) -> None:
+    # --- the outbox Incidents is given (incidents/lifecycle.py: Outbox) ----------------------------------
+
+    def owe(self, session: Session, incident: Incident, event: str, now: datetime) -> list[Notification]:
+        """Queue what `event` on `incident` owes to the receivers, in the caller's transaction."""
+        return service.notify(session, incident, event, self.settings, now)
+
+    def ring(self, rows: Sequence[Owed]) -> None:
+        """After the commit of the transaction that queued `rows`."""
+        self.enqueued(rows)
+
+    def enqueued(self, rows: Iterable[Owed]) -> None:
         """Call after the transaction that created `rows` (from `service.notify`) committed: counts the ones
         born silenced and wakes the sender for the rest."""
         for row in rows:

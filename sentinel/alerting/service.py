@@ -16,9 +16,9 @@ from sentinel.alerting import notifiers
 from sentinel.alerting.models import DeliveryAttempt, Notification, Silence
 from sentinel.config import ReceiverConfig, Settings
 from sentinel.incidents import render
+from sentinel.incidents.findings import SEVERITY_ORDER
 from sentinel.incidents.models import Incident
 
-SEVERITY_RANK = {"info": 0, "warning": 1, "critical": 2}
 FOLLOW_UPS = ("acknowledge", "resolve")
 LABEL_NAME = re.compile(r"[a-zA-Z_][a-zA-Z0-9_]*")
 MAX_MATCHERS = 32
@@ -29,7 +29,7 @@ MAX_SILENCE = timedelta(days=365)
 
 def routes(receiver: ReceiverConfig, labels: Mapping[str, str]) -> bool:
     """Severity at least the receiver's minimum, and every `match` entry equal to the label ("a|b": either)."""
-    if SEVERITY_RANK.get(labels.get("severity", ""), 0) < SEVERITY_RANK[receiver.min_severity]:
+    if SEVERITY_ORDER.get(labels.get("severity", ""), 0) < SEVERITY_ORDER[receiver.min_severity]:
         return False
     return all(labels.get(name, "") in wanted.split("|") for name, wanted in receiver.match.items())
 

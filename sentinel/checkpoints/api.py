@@ -9,7 +9,6 @@ from typing import Annotated
 from fastapi import APIRouter, Depends, HTTPException, Path, Query, Response
 from sqlalchemy.orm import Session
 
-from sentinel.accelerators.service import fault_rates
 from sentinel.auth.deps import LAUNCH, READ, allow
 from sentinel.auth.service import Principal
 from sentinel.checkpoints import service
@@ -30,6 +29,7 @@ from sentinel.deps import IdPath, not_found, runtime
 from sentinel.errors import CONFLICT
 from sentinel.jobs.models import Job
 from sentinel.jobs.service import JobNotFound, get_job
+from sentinel.nodes.service import fault_rates
 from sentinel.runtime import Runtime
 
 log = logging.getLogger("sentinel.checkpoints")

@@ -11,68 +11,24 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, ClassVar
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, ClassVar
+
+from sentinel.incidents.findings import SEVERITY_ORDER, Finding, OpenIncident, Subject
 
 if TYPE_CHECKING:
-    from sentinel.checkpoints.ledger import CheckpointLedger
     from sentinel.clock import Clock
     from sentinel.config import Settings
     from sentinel.detection.catalog import FaultCatalog
-    from sentinel.detection.history import FaultHistory
-    from sentinel.jobs.telemetry import JobTelemetry
-    from sentinel.nodes.live import Fleet, NodeLive
-    from sentinel.telemetry.ingest import ClosedTask
-    from sentinel.telemetry.samples import SampleStore
+    from sentinel.live.checkpoints import CheckpointLedger
+    from sentinel.live.faults import FaultHistory
+    from sentinel.live.fleet import Fleet, NodeLive
+    from sentinel.live.jobs import JobTelemetry
+    from sentinel.live.samples import SampleStore
+    from sentinel.pipeline.ingest import ClosedTask
     from sentinel.telemetry.schemas import Assignment, NodeReport
 
 log = logging.getLogger("sentinel.detection")
-
-SEVERITY_ORDER = {"info": 0, "warning": 1, "critical": 2}
-
-
-@dataclass(frozen=True)
-class Subject:
-    """What an incident is about; any combination may be set."""
-
-    node: str | None = None
-    accelerator: str | None = None
-    job_id: int | None = None
-    rank: int | None = None
-
-    def describe(self) -> str:
-        parts = []
-        if self.job_id is not None:
-            parts.append(f"job {self.job_id}" + (f" rank {self.rank}" if self.rank is not None else ""))
-        if self.node is not None:
-            parts.append(f"node {self.node}")
-        if self.accelerator is not None:
-            parts.append(f"accelerator {self.accelerator}")
-        return ", ".join(parts) or "the fleet"
-
-
-@dataclass
-class Finding:
-    """One condition a detector sees now. The same finding seen again updates its incident."""
-
-    detector: str
-    key: str  # what makes it distinct within the detector, e.g. "node=n1|xid=79"
-    severity: str  # info | warning | critical
-    title: str  # one line: what happened, where
-    layer: str  # hardware | interconnect | compute | input_pipeline | checkpoint_io | software | unknown
-    subject: Subject
-    seen: str  # what was seen, in a sentence or two with the numbers
-    comparison: str = ""  # compared with what: peers, the job's baseline, the accelerator's history
-    evidence: dict[str, Any] = field(default_factory=dict)  # the window and the raw events
-    next_steps: list[str] = field(default_factory=list)
-    action: str = "record"  # the recommended action: record | restart_task | reset_accelerator | ...
-    observed_at: float | None = None  # when the signal was first observed (detection latency is from here)
-    latched: bool = False  # stays open until a person or remediation resolves it
-
-    @property
-    def fingerprint(self) -> str:
-        return f"{self.detector}|{self.key}"[:255]
-
 
 @dataclass
 class Evaluation:
@@ -80,22 +36,6 @@ class Evaluation:
 
     findings: list[Finding]
     subjects: int
-
-
-@dataclass(frozen=True)
-class OpenIncident:
-    """The engine's in-memory view of an incident that is not resolved."""
-
-    id: int
-    fingerprint: str
-    detector: str
-    latched: bool
-    subject: Subject
-    opened_at: float
-
-    @property
-    def job_id(self) -> int | None:
-        return self.subject.job_id
 
 
 @dataclass

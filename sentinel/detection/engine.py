@@ -21,12 +21,13 @@ from sqlalchemy.orm import Session
 from sentinel.clock import to_datetime
 from sentinel.config import Settings
 from sentinel.detection import detectors as builtin
-from sentinel.detection.base import DETECTORS, DetectionContext, Detector, Evaluation, Finding
-from sentinel.detection.history import Fault
+from sentinel.detection.base import DETECTORS, DetectionContext, Detector, Evaluation
 from sentinel.detection.replay import REPLAY_SECONDS, last_seen, stored_reports
+from sentinel.incidents.findings import Finding
 from sentinel.incidents.lifecycle import Incidents
-from sentinel.nodes.live import NodeLive
-from sentinel.telemetry.ingest import ClosedTask
+from sentinel.live.faults import Fault
+from sentinel.live.fleet import NodeLive
+from sentinel.pipeline.ingest import ClosedTask
 from sentinel.telemetry.schemas import NodeReport
 from sentinel.worker import QueueWorker
 

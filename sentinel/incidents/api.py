@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, Body, Depends, HTTPException, Query
 from sqlalchemy import select
@@ -16,11 +16,22 @@ from sentinel.db import transaction
 from sentinel.deps import MAX_ID, BigIdPath, Offset, not_found, runtime
 from sentinel.errors import CONFLICT
 from sentinel.incidents import render, service
-from sentinel.incidents.schemas import IncidentDetail, IncidentList, IncidentOut, IncidentUpdate
+from sentinel.incidents.schemas import IncidentList, IncidentOut, IncidentUpdate
 from sentinel.runtime import Runtime
 
 router = APIRouter(prefix="/incidents", tags=["incidents"])
 RT = Annotated[Runtime, Depends(runtime)]
+
+
+
+class IncidentDetail(IncidentOut):
+    """`GET /incidents/{id}` answers with the incident and the notifications sent about it (alerting's rows):
+    the composite is assembled, and its schema declared, here at the edge."""
+
+    evidence: dict[str, Any]
+    text: str
+    notifications: list[NotificationOut] = []
+
 
 STATES = {"active": ("open", "acknowledged"), "open": ("open",), "acknowledged": ("acknowledged",),
           "resolved": ("resolved",), "all": ("open", "acknowledged", "resolved")}

@@ -11,16 +11,16 @@ import logging
 import threading
 from collections.abc import Callable, Sequence
 from datetime import datetime
+from typing import Protocol
 
 from prometheus_client import Histogram
 from sqlalchemy.orm import Session, sessionmaker
 
-from sentinel.alerting.models import Notification
 from sentinel.clock import Clock, to_datetime
 from sentinel.config import Settings
 from sentinel.db import transaction
-from sentinel.detection.base import SEVERITY_ORDER, Finding, OpenIncident, Subject
 from sentinel.incidents import service
+from sentinel.incidents.findings import SEVERITY_ORDER, Finding, OpenIncident, Subject
 from sentinel.incidents.models import Incident
 from sentinel.incidents.schemas import IncidentOut
 
@@ -38,6 +38,34 @@ ACTION_TEXT = {
 LATENCY_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0)
 
 
+class Owed(Protocol):
+    """A notification an incident change owes (alerting's outbox row), as far as the timeline tells it."""
+
+    receiver: str
+    event: str  # trigger | acknowledge | resolve
+    state: str  # pending | silenced
+    silence_id: int | None
+
+
+class Outbox(Protocol):
+    """Where incident changes owe notifications (the alerting dispatcher): `owe` queues the rows inside the
+    incident's transaction; `ring` is called after the commit, so the sender never sees an uncommitted row."""
+
+    def owe(self, session: Session, incident: Incident, event: str, now: datetime) -> Sequence[Owed]: ...
+
+    def ring(self, rows: Sequence[Owed]) -> None: ...
+
+
+class NoOutbox:
+    """No receivers: incident changes owe nothing (a server built without alerting, and unit tests)."""
+
+    def owe(self, session: Session, incident: Incident, event: str, now: datetime) -> Sequence[Owed]:
+        return []
+
+    def ring(self, rows: Sequence[Owed]) -> None:
+        return None
+
+
 def _view(incident: Incident) -> OpenIncident:
     return OpenIncident(id=incident.id, fingerprint=incident.fingerprint, detector=incident.detector,
                         latched=incident.latched,
@@ -48,11 +76,11 @@ def _view(incident: Incident) -> OpenIncident:
 
 class Incidents:
     def __init__(self, factory: sessionmaker[Session], settings: Settings, clock: Clock,
-                 enqueued: Callable[[list[Notification]], None] = lambda rows: None):
+                 outbox: Outbox | None = None):
         self._factory = factory
         self._settings = settings
         self._clock = clock
-        self.enqueued = enqueued  # the notification dispatcher's doorbell, rung after each commit
+        self.outbox: Outbox = outbox or NoOutbox()  # the notification sink: alerting's dispatcher
         self._lock = threading.RLock()
         self._open: dict[str, OpenIncident] = {}
         self._severity: dict[str, str] = {}
@@ -85,13 +113,11 @@ class Incidents:
 
     def record(self, findings: list[Finding], *, repeat: bool) -> list[IncidentOut]:
         """Open an incident for each new fingerprint, refresh the active ones. Returns those opened."""
-        from sentinel.alerting.service import notify
-
         if not findings:
             return []
         opened: list[IncidentOut] = []
         repeated: list[IncidentOut] = []  # event-driven findings seen again: remediation may need to act again
-        rows: list[Notification] = []
+        rows: list[Owed] = []
         with self._lock:
             now = to_datetime(self._clock.time())
             with transaction(self._factory) as session:
@@ -104,7 +130,7 @@ class Incidents:
                     if incident is not None:
                         kept.append(incident)
                         if service.update_incident(session, incident, finding, now, repeat=repeat):
-                            rows += notify(session, incident, "trigger", self._settings, now)
+                            rows += self.outbox.owe(session, incident, "trigger", now)
                         if repeat:
                             repeated.append(IncidentOut.model_validate(incident))
                         continue
@@ -115,7 +141,7 @@ class Incidents:
                         tail = ("" if self._settings.remediation_enabled else
                                 " (automatic remediation is off on this server; nothing was changed)")
                         service.add_action(incident, now, f"recommended: {recommended}{tail}")
-                    sent = notify(session, incident, "trigger", self._settings, now)
+                    sent = self.outbox.owe(session, incident, "trigger", now)
                     self._note_notifications(incident, sent, now)
                     rows += sent
                     opened.append(IncidentOut.model_validate(incident))
@@ -134,17 +160,13 @@ class Incidents:
         for out in repeated:
             self._tell(out, "repeated")
         if rows:
-            self.enqueued(rows)
+            self.outbox.ring(rows)
         return opened
 
     @staticmethod
-    def _note_notifications(incident: Incident, notifications: Sequence[object], now: datetime) -> None:
-        names = []
-        for n in notifications:
-            state = getattr(n, "state", "pending")
-            name = getattr(n, "receiver", "?")
-            names.append(f"{name} (muted by silence #{getattr(n, 'silence_id', '?')})" if state == "silenced"
-                         else name)
+    def _note_notifications(incident: Incident, notifications: Sequence[Owed], now: datetime) -> None:
+        names = [f"{n.receiver} (muted by silence #{n.silence_id})" if n.state == "silenced" else n.receiver
+                 for n in notifications]
         if names:
             service.add_action(incident, now, "notifying " + ", ".join(names))
 
@@ -165,9 +187,7 @@ class Incidents:
     def annotate(self, incident_id: int, text: str, *, severity: str | None = None) -> None:
         """Add a line to the incident's timeline ("what Sentinel did"); raise its severity if asked (which
         pages receivers that the new severity now reaches). A resolved incident only gets the line."""
-        from sentinel.alerting.service import notify
-
-        rows: list[Notification] = []
+        rows: Sequence[Owed] = []
         with self._lock:
             now = to_datetime(self._clock.time())
             with transaction(self._factory) as session:
@@ -177,28 +197,26 @@ class Incidents:
                         and SEVERITY_ORDER[severity] > SEVERITY_ORDER.get(incident.severity, 0)):
                     service.add_action(incident, now, f"severity raised from {incident.severity} to {severity}")
                     incident.severity = severity
-                    rows = notify(session, incident, "trigger", self._settings, now)
+                    rows = self.outbox.owe(session, incident, "trigger", now)
                     self._severity[incident.fingerprint] = severity
         log.info("incident %d: %s", incident_id, text)
         if rows:
-            self.enqueued(rows)
+            self.outbox.ring(rows)
 
     def _transition(self, incident_id: int, event: str,
                     change: Callable[[Session, datetime], Incident]) -> IncidentOut:
         """Apply `change` and owe the receivers `event` when it changed the state; a no-op change owes nothing."""
-        from sentinel.alerting.service import notify
-
         with self._lock:
             now = to_datetime(self._clock.time())
             with transaction(self._factory) as session:
                 before = service.get_incident(session, incident_id).state
                 incident = change(session, now)
-                rows = notify(session, incident, event, self._settings, now) if incident.state != before else []
+                rows = self.outbox.owe(session, incident, event, now) if incident.state != before else []
                 out = IncidentOut.model_validate(incident)
             if out.state == "resolved" and getattr(self._open.get(out.fingerprint), "id", None) == out.id:
                 del self._open[out.fingerprint]
                 self._severity.pop(out.fingerprint, None)
-        self.enqueued(rows)
+        self.outbox.ring(rows)
         return out
 
     def _tell(self, incident: IncidentOut, what: str) -> None:

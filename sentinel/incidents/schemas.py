@@ -1,11 +1,9 @@
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Any, Literal
+from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
-
-from sentinel.alerting.schemas import NotificationOut
 
 
 class IncidentAction(BaseModel):
@@ -43,12 +41,6 @@ class IncidentOut(BaseModel):
     resolved_at: datetime | None
     resolved_by: str
     resolve_reason: str
-
-
-class IncidentDetail(IncidentOut):
-    evidence: dict[str, Any]
-    text: str
-    notifications: list[NotificationOut] = []
 
 
 class IncidentList(BaseModel):

@@ -8,7 +8,7 @@ from typing import Any
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
-from sentinel.detection.base import SEVERITY_ORDER, Finding
+from sentinel.incidents.findings import SEVERITY_ORDER, Finding
 from sentinel.incidents.models import Incident
 
 ACTIVE = ("open", "acknowledged")

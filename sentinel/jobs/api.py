@@ -9,16 +9,25 @@ from fastapi import APIRouter, Depends, HTTPException, Query
 from sentinel.auth.deps import LAUNCH, READ, allow
 from sentinel.auth.service import Principal
 from sentinel.checkpoints.api import checkpoint_policy
+from sentinel.checkpoints.schemas import CheckpointPolicy
 from sentinel.db import transaction
 from sentinel.deps import IdPath, Offset, not_found, runtime
 from sentinel.errors import CONFLICT
 from sentinel.jobs import service
-from sentinel.jobs.schemas import JobCreate, JobDetail, JobMetrics, JobOut, TaskCreate, TaskOut
+from sentinel.jobs.schemas import JobCreate, JobMetrics, JobOut, TaskCreate, TaskOut
 from sentinel.runtime import Runtime
 
 log = logging.getLogger("sentinel.jobs")
 router = APIRouter(prefix="/jobs", tags=["jobs"])
 RT = Annotated[Runtime, Depends(runtime)]
+
+
+class JobDetail(JobOut):
+    """`GET /jobs/{id}` answers with three domains' data (the job, its tasks, its checkpoint policy): the
+    composite is assembled, and its schema declared, here at the edge."""
+
+    tasks: list[TaskOut] = []
+    checkpoints: CheckpointPolicy | None = None
 
 
 @router.post("", response_model=JobOut, status_code=201)

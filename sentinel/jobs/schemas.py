@@ -5,7 +5,6 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from sentinel.checkpoints.schemas import CheckpointPolicy
 from sentinel.telemetry.schemas import Name, Uuid
 
 
@@ -58,11 +57,6 @@ class JobOut(BaseModel):
     attributes: dict[str, Any]
     created_at: datetime
     updated_at: datetime
-
-
-class JobDetail(JobOut):
-    tasks: list[TaskOut] = []
-    checkpoints: CheckpointPolicy | None = None
 
 
 class RankMetrics(BaseModel):

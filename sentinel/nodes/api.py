@@ -21,8 +21,8 @@ from sentinel.deps import Offset, not_found, runtime
 from sentinel.errors import CONFLICT, validation_problem
 from sentinel.nodes import service
 from sentinel.nodes.schemas import CordonRequest, InjectRequest, NodeDetail, NodeOut, RegistrationOut
+from sentinel.pipeline.ingest import IngestError
 from sentinel.runtime import Runtime
-from sentinel.telemetry.ingest import IngestError
 from sentinel.telemetry.schemas import NodeCommand, NodeRegistration, NodeReport, ReportAck
 
 log = logging.getLogger("sentinel.nodes")

@@ -40,9 +40,9 @@ from sentinel.incidents.lifecycle import Incidents
 from sentinel.incidents.models import Incident
 from sentinel.incidents.schemas import IncidentOut
 from sentinel.jobs.models import Job, Task
-from sentinel.jobs.telemetry import JobTelemetry
+from sentinel.live.fleet import Fleet
+from sentinel.live.jobs import JobTelemetry
 from sentinel.nodes.commands import CommandQueue
-from sentinel.nodes.live import Fleet
 from sentinel.nodes.models import Node
 from sentinel.nodes.service import set_admin_state
 from sentinel.remediation import executors as executor_pkg

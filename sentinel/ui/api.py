@@ -16,7 +16,7 @@ from sqlalchemy.orm import Session
 from starlette.concurrency import run_in_threadpool
 
 from sentinel import __version__
-from sentinel.accelerators.service import count_by_health, list_accelerators
+from sentinel.accelerators.service import count_by_health
 from sentinel.auth.deps import READ, bearer_secret
 from sentinel.auth.service import Principal
 from sentinel.clock import to_datetime
@@ -25,7 +25,7 @@ from sentinel.incidents.models import Incident
 from sentinel.incidents.service import list_incidents
 from sentinel.jobs.api import job_metrics
 from sentinel.jobs.service import current_placement, list_jobs
-from sentinel.nodes.service import list_nodes
+from sentinel.nodes.service import list_accelerators, list_nodes
 from sentinel.remediation.models import BreakerState
 from sentinel.runtime import Runtime
 from sentinel.ui.render import AcceleratorCell, IncidentView, JobRow, NodeRow, StatusView, login_page, status_page

@@ -6,8 +6,14 @@ limits. Only the standard library: it reads source with `ast` and never imports 
 Definitions:
 - a *package* is `sentinel.<first folder>` for code in a folder, `sentinel.<module>` for a top-level module;
   `collectors` is one package;
-- the *edge* is what composes the rest: `sentinel.app`, `sentinel.cli`, `sentinel.runtime`, every
-  `api.py` (routers) and `cli.py` (commands) — nothing below the edge may import it (a *backward import*);
+- the *edge* is what composes and serves the rest: the composition root (`sentinel.app`, `sentinel.cli`,
+  `sentinel.runtime`), the routers' kit `sentinel.deps`, and in every package its routers (`api.py`), commands
+  (`cli.py`) and FastAPI dependencies (`deps.py`). The edge may import any domain; nothing below the edge may
+  import it (a *backward import*);
+- the *domain graph* is the package graph of everything below the edge: it must have no cycle. The *literal
+  graph* also counts each router and command inside its package (only the composition root left out); it is
+  printed for comparison: two domains whose routers show each other's data (a node's accelerators, an
+  accelerator's node) form a cycle there without any domain code depending on the other;
 - every import counts, including one inside a function (a lazy import hides a cycle, it does not remove it).
 """
 
@@ -22,7 +28,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 SOURCES = ("sentinel", "collectors")
 COMPOSITION = frozenset({"sentinel.app", "sentinel.cli", "sentinel.runtime"})
-EDGE_FILES = frozenset({"api.py", "cli.py"})
+EDGE_MODULES = COMPOSITION | {"sentinel.deps"}
+EDGE_FILES = frozenset({"api.py", "cli.py", "deps.py"})
 
 
 @dataclass(frozen=True)
@@ -45,7 +52,7 @@ class Module:
 
     @property
     def is_edge(self) -> bool:
-        return self.name in COMPOSITION or self.path.name in EDGE_FILES
+        return self.name in EDGE_MODULES or self.path.name in EDGE_FILES
 
 
 def package_of(module: str) -> str:
@@ -113,8 +120,10 @@ def functions(root: Path = ROOT, sources: tuple[str, ...] = SOURCES) -> Iterator
                     yield Function(module_name(path, root), node.name, node.end_lineno - node.lineno + 1)
 
 
-def package_graph(modules: dict[str, Module], exclude: frozenset[str] = COMPOSITION) -> dict[str, set[str]]:
-    """Package → packages it imports, leaving out the composition root (it imports everything by design)."""
+def package_graph(modules: dict[str, Module], *, literal: bool = False) -> dict[str, set[str]]:
+    """Package → packages it imports. The domain graph (default) leaves out the edge; the literal graph
+    leaves out only the composition root (it imports everything by design)."""
+    exclude = COMPOSITION if literal else {m.name for m in modules.values() if m.is_edge}
     graph: dict[str, set[str]] = {}
     for module in modules.values():
         if module.name in exclude:
@@ -190,13 +199,18 @@ def report(root: Path = ROOT) -> str:
     largest = max(modules.values(), key=lambda m: m.lines)
     longest = max(funcs, key=lambda f: f.lines)
     knots = cycles(package_graph(modules))
+    literal = cycles(package_graph(modules, literal=True))
     lines = [
         f"modules: {len(modules)}; largest: {largest.name} ({largest.lines} lines); "
         f"over 400 lines: {sum(m.lines > 400 for m in modules.values())}",
         f"functions: {len(funcs)}; longest: {longest.module}.{longest.name} ({longest.lines} lines); "
         f"over 40 lines: {sum(f.lines > 40 for f in funcs)}; over 60: {sum(f.lines > 60 for f in funcs)}",
-        f"package cycles (outside app/cli/runtime): {len(knots)}; packages in them: {sum(map(len, knots))}",
+        f"package cycles in the domain graph (below the edge): {len(knots)}; packages in them: "
+        f"{sum(map(len, knots))}",
         *[f"  cycle: {' '.join(k)}" for k in knots],
+        f"package cycles in the literal graph (routers and commands inside their packages; outside "
+        f"app/cli/runtime): {len(literal)}; packages in them: {sum(map(len, literal))}",
+        *[f"  cycle: {' '.join(k)}" for k in literal],
         f"backward imports (below the edge importing a router, a command or the runtime): "
         f"{len(backward_imports(modules))}",
         *[f"  {a} -> {b}" for a, b in backward_imports(modules)],

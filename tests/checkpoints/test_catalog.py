@@ -240,7 +240,7 @@ def test_each_serving_replica_gets_its_own_newest_usable_shard(client, launcher,
 
 def test_the_detectors_ledger_follows_commits_and_is_rebuilt_from_sql(client, launcher, clock):
     """checkpoint_stale reads commits from memory; the catalog keeps that current, and a restart reloads it."""
-    from sentinel.checkpoints.ledger import CheckpointLedger
+    from sentinel.live.checkpoints import CheckpointLedger
 
     rt = client.app.state.runtime
     job = new_job(client, launcher)

@@ -7,14 +7,15 @@ import json
 from collections.abc import Callable
 from typing import Any
 
-from sentinel.checkpoints.ledger import CheckpointLedger
 from sentinel.config import Settings
-from sentinel.detection.base import DetectionContext, Detector, Evaluation, Finding
-from sentinel.detection.history import Fault, FaultHistory
-from sentinel.jobs.telemetry import JobTelemetry
-from sentinel.nodes.live import Fleet
+from sentinel.detection.base import DetectionContext, Detector, Evaluation
+from sentinel.incidents.findings import Finding
+from sentinel.live.checkpoints import CheckpointLedger
+from sentinel.live.faults import Fault, FaultHistory
+from sentinel.live.fleet import Fleet
+from sentinel.live.jobs import JobTelemetry
+from sentinel.live.samples import SampleStore
 from sentinel.nodes.models import Node
-from sentinel.telemetry.samples import SampleStore
 from sentinel.telemetry.schemas import AcceleratorSample, Assignment, TaskModel, TaskTelemetry
 from tests.conftest import FakeClock
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from sentinel.telemetry.samples import SampleStore, throttle_flags
+from sentinel.live.samples import SampleStore, throttle_flags
 from sentinel.telemetry.schemas import AcceleratorSample
 from tests.detection.streams import World
 

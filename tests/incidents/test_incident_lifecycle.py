@@ -12,7 +12,8 @@ from prometheus_client.parser import text_string_to_metric_families
 from sentinel.app import create_app
 from sentinel.audit.service import list_entries
 from sentinel.config import Settings
-from sentinel.detection.base import Detector, Evaluation, Finding, Subject
+from sentinel.detection.base import Detector, Evaluation
+from sentinel.incidents.findings import Finding, Subject
 from sentinel.runtime import Runtime
 from sentinel.scheduler import liveness
 from tests.conftest import FakeClock, bearer, stop_app

@@ -160,7 +160,7 @@ def test_event_for_an_unregistered_accelerator_is_422(client, agent):
 
 
 def test_node_goes_down_after_three_missed_intervals_and_comes_back(client, agent, admin_token, clock: FakeClock):
-    from sentinel.nodes.liveness import check_liveness
+    from sentinel.live.liveness import check_liveness
 
     rt = client.app.state.runtime  # type: ignore[attr-defined]
     post_report(client, agent, report(seq=1, interval=5.0))
@@ -185,7 +185,7 @@ def test_node_goes_down_after_three_missed_intervals_and_comes_back(client, agen
 
 
 def test_cordoned_node_returns_cordoned_after_being_down(client, agent, admin_token, clock: FakeClock):
-    from sentinel.nodes.liveness import check_liveness
+    from sentinel.live.liveness import check_liveness
 
     rt = client.app.state.runtime  # type: ignore[attr-defined]
     client.post("/api/v1/nodes/node-a/cordon", json={"reason": "bad fan"}, headers=bearer(admin_token))
@@ -197,7 +197,7 @@ def test_cordoned_node_returns_cordoned_after_being_down(client, agent, admin_to
 
 
 def test_liveness_is_flushed_in_batches_not_per_report(client, agent, admin_token, database_url):
-    from sentinel.nodes.liveness import flush_liveness
+    from sentinel.live.liveness import flush_liveness
     from sentinel.nodes.models import Node
 
     for seq in range(1, 6):

@@ -11,7 +11,8 @@ import pytest
 from fastapi.testclient import TestClient
 
 from sentinel.config import Settings
-from sentinel.detection.base import Detector, Evaluation, Finding, Subject
+from sentinel.detection.base import Detector, Evaluation
+from sentinel.incidents.findings import Finding, Subject
 from sentinel.runtime import Runtime
 from tests.conftest import FakeClock, bearer
 from tests.factories import registration, report

@@ -20,8 +20,8 @@ import pytest
 from fastapi.testclient import TestClient
 
 from sentinel.config import Settings
-from sentinel.detection.base import Finding, Subject
 from sentinel.incidents import render as incident_text
+from sentinel.incidents.findings import Finding, Subject
 from sentinel.incidents.service import list_incidents
 from sentinel.runtime import Runtime
 from sentinel.ui.api import COOKIE

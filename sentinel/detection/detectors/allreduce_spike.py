@@ -5,9 +5,10 @@ from __future__ import annotations
 import math
 from typing import TYPE_CHECKING
 
-from sentinel.detection.base import DetectionContext, Detector, Evaluation, Finding, Subject, register
+from sentinel.detection.base import DetectionContext, Detector, Evaluation, register
 from sentinel.detection.detectors._common import JobBaseline, Onsets, Placements, minutes
-from sentinel.jobs.telemetry import WindowRates
+from sentinel.incidents.findings import Finding, Subject
+from sentinel.live.jobs import WindowRates
 
 if TYPE_CHECKING:
     from sentinel.config import Settings

@@ -5,8 +5,9 @@ from __future__ import annotations
 import itertools
 import statistics
 
-from sentinel.detection.base import DetectionContext, Detector, Evaluation, Finding, Subject, register
+from sentinel.detection.base import DetectionContext, Detector, Evaluation, register
 from sentinel.detection.detectors._common import evidence_window, minutes
+from sentinel.incidents.findings import Finding, Subject
 
 
 @register

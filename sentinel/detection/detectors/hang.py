@@ -10,8 +10,9 @@ from __future__ import annotations
 
 import statistics
 
-from sentinel.detection.base import DetectionContext, Detector, Evaluation, Finding, Subject, register
-from sentinel.jobs.telemetry import RankStats
+from sentinel.detection.base import DetectionContext, Detector, Evaluation, register
+from sentinel.incidents.findings import Finding, Subject
+from sentinel.live.jobs import RankStats
 
 
 @register

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 from datetime import UTC, datetime
 
-from sentinel.detection.base import DetectionContext, Detector, Finding, Subject, register
-from sentinel.nodes.live import NodeLive
-from sentinel.telemetry.ingest import ClosedTask
+from sentinel.detection.base import DetectionContext, Detector, register
+from sentinel.incidents.findings import Finding, Subject
+from sentinel.live.fleet import NodeLive
+from sentinel.pipeline.ingest import ClosedTask
 from sentinel.telemetry.schemas import NodeReport
 
 

@@ -3,7 +3,8 @@ reporting intervals). Many nodes at once collapse into one fleet-wide incident: 
 
 from __future__ import annotations
 
-from sentinel.detection.base import DetectionContext, Detector, Evaluation, Finding, Subject, register
+from sentinel.detection.base import DetectionContext, Detector, Evaluation, register
+from sentinel.incidents.findings import Finding, Subject
 
 
 @register

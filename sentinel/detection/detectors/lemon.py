@@ -5,9 +5,10 @@ from __future__ import annotations
 from collections import Counter
 from typing import TYPE_CHECKING, Any
 
-from sentinel.detection.base import DetectionContext, Detector, Evaluation, Finding, Subject, register
+from sentinel.detection.base import DetectionContext, Detector, Evaluation, register
 from sentinel.detection.detectors._common import EVIDENCE_POINTS, evidence_window
-from sentinel.detection.history import Fault
+from sentinel.incidents.findings import Finding, Subject
+from sentinel.live.faults import Fault
 
 if TYPE_CHECKING:
     from sentinel.config import Settings

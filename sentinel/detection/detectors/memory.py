@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import statistics
 
-from sentinel.detection.base import DetectionContext, Detector, Evaluation, Finding, Subject, register
+from sentinel.detection.base import DetectionContext, Detector, Evaluation, register
 from sentinel.detection.detectors._common import Placements, evidence_window, gib, minutes
-from sentinel.telemetry.samples import RingWindow
+from sentinel.incidents.findings import Finding, Subject
+from sentinel.live.samples import RingWindow
 from sentinel.telemetry.schemas import AcceleratorSample
 
 

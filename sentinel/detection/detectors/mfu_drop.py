@@ -5,10 +5,11 @@ from __future__ import annotations
 import math
 from typing import TYPE_CHECKING
 
-from sentinel.detection.base import DetectionContext, Detector, Evaluation, Finding, Subject, register
+from sentinel.detection.base import DetectionContext, Detector, Evaluation, register
 from sentinel.detection.detectors._common import JobBaseline, Onsets, Placements, minutes
-from sentinel.jobs.telemetry import WindowRates
-from sentinel.telemetry.samples import throttle_flags
+from sentinel.incidents.findings import Finding, Subject
+from sentinel.live.jobs import WindowRates
+from sentinel.live.samples import throttle_flags
 
 if TYPE_CHECKING:
     from sentinel.config import Settings

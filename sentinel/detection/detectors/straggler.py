@@ -5,10 +5,11 @@ from __future__ import annotations
 import statistics
 from typing import TYPE_CHECKING, Any
 
-from sentinel.detection.base import DetectionContext, Detector, Evaluation, Finding, Subject, register
+from sentinel.detection.base import DetectionContext, Detector, Evaluation, register
 from sentinel.detection.detectors._common import Onsets, Placements, evidence_window
-from sentinel.jobs.telemetry import JobStats
-from sentinel.telemetry.samples import throttle_flags
+from sentinel.incidents.findings import Finding, Subject
+from sentinel.live.jobs import JobStats
+from sentinel.live.samples import throttle_flags
 
 if TYPE_CHECKING:
     from sentinel.config import Settings

@@ -3,10 +3,11 @@ collective breaks, every rank exits within a second, and that is one failure, no
 
 from __future__ import annotations
 
-from sentinel.detection.base import DetectionContext, Detector, Finding, OpenIncident, Subject, register
+from sentinel.detection.base import DetectionContext, Detector, register
+from sentinel.incidents.findings import Finding, OpenIncident, Subject
 from sentinel.jobs.service import describe_exit
-from sentinel.nodes.live import NodeLive
-from sentinel.telemetry.ingest import ClosedTask
+from sentinel.live.fleet import NodeLive
+from sentinel.pipeline.ingest import ClosedTask
 from sentinel.telemetry.schemas import NodeReport
 
 CORRELATE_SECONDS = 120.0  # a hardware fault on the node this recently is the likelier cause

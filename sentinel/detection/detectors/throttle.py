@@ -5,9 +5,10 @@ from __future__ import annotations
 import statistics
 from typing import Any
 
-from sentinel.detection.base import DetectionContext, Detector, Evaluation, Finding, Subject, register
+from sentinel.detection.base import DetectionContext, Detector, Evaluation, register
 from sentinel.detection.detectors._common import Placements, evidence_window
-from sentinel.telemetry.samples import THROTTLE_POWER, THROTTLE_THERMAL, throttle_flags
+from sentinel.incidents.findings import Finding, Subject
+from sentinel.live.samples import THROTTLE_POWER, THROTTLE_THERMAL, throttle_flags
 
 WINDOW_COLUMNS = ("time", "throttled", "temperature_celsius", "power_watts", "utilization_ratio")
 

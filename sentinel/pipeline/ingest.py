@@ -17,12 +17,12 @@ from sqlalchemy.orm import Session, sessionmaker
 from sentinel.clock import Clock, to_datetime
 from sentinel.events.models import Event
 from sentinel.jobs.service import record_task_exit
-from sentinel.nodes.live import Fleet, NodeLive
+from sentinel.live.fleet import Fleet, NodeLive
+from sentinel.live.samples import SampleStore
 from sentinel.nodes.models import Node
+from sentinel.pipeline.writer import GroupCommitWriter, Rows
 from sentinel.telemetry.models import ReportReceipt
-from sentinel.telemetry.samples import SampleStore
 from sentinel.telemetry.schemas import NodeReport
-from sentinel.telemetry.writer import GroupCommitWriter, Rows
 
 log = logging.getLogger("sentinel.ingest")
 

@@ -20,7 +20,7 @@ from sentinel.telemetry.models import ReportReceipt
 
 # Seqs a node's replays are recognised by without a query. Small on purpose: a node keeps this many ints
 # for as long as the server runs (4096 was ~300 KB a node: 3.6 GB for 12,500 nodes after 11 hours);
-# an older replay costs one receipt lookup (telemetry/ingest.py).
+# an older replay costs one receipt lookup (pipeline/ingest.py).
 RECENT_SEQS = 64
 RECEIPT_LOOKBACK_SECONDS = 120.0  # ≫ the 5 s liveness flush that writes node.last_seq
 

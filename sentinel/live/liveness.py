@@ -11,7 +11,7 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from sentinel.clock import Clock, to_datetime
 from sentinel.db import transaction
-from sentinel.nodes.live import Fleet
+from sentinel.live.fleet import Fleet
 from sentinel.nodes.models import Node
 from sentinel.nodes.service import mark_down
 from sentinel.telemetry.models import ReportReceipt
