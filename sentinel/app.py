@@ -27,7 +27,7 @@ from sentinel.events.api import router as events_router
 from sentinel.ha.failover import ROLE_HEADER
 from sentinel.incidents.api import router as incidents_router
 from sentinel.jobs.api import router as jobs_router
-from sentinel.metrics import build_registry
+from sentinel.metrics import Sources, build_registry
 from sentinel.nodes.api import router as nodes_router
 from sentinel.remediation.api import router as remediation_router
 from sentinel.runtime import Runtime
@@ -64,7 +64,10 @@ READ_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
 def create_app(settings: Settings, clock: Clock | None = None, *, migrate: bool = True,
                run_scheduler: bool = True) -> FastAPI:
     runtime = Runtime.build(settings, clock)
-    registry = build_registry(runtime)
+    registry = build_registry(Sources(
+        sessions=runtime.factory, clock=runtime.clock, live=runtime.live, ingest=runtime.ingest,
+        incidents=runtime.incidents, dispatcher=runtime.dispatcher, remediation=runtime.remediation,
+        tokens=runtime.tokens, plugin_errors=runtime.plugin_errors, leading=lambda: runtime.leading))
 
     @asynccontextmanager
     async def lifespan(_app: FastAPI) -> AsyncIterator[None]:
@@ -72,7 +75,8 @@ def create_app(settings: Settings, clock: Clock | None = None, *, migrate: bool 
         # Everything built so far lives as long as the process: keep it out of the collector's way.
         # Without this, full collections under ingest load pause the server for ~100 ms (the p99).
         gc.freeze()
-        scheduler = build_scheduler(runtime) if run_scheduler else None
+        scheduler = (build_scheduler(runtime.periodic(), leading=lambda: runtime.leading,
+                                     errors=runtime.plugin_errors) if run_scheduler else None)
         if scheduler is not None:
             scheduler.start()
         log.info("server ready: role=%s database=%s nodes=%d", runtime.role,

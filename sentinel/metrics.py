@@ -1,184 +1,224 @@
-"""The server's /metrics: fleet series built fresh on each scrape from what the runtime holds."""
+"""The server's /metrics: fleet, job and reliability series built fresh on each scrape from the parts
+the composition root hands over (`Sources`), never from a router."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Any
 
 from prometheus_client import CollectorRegistry
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
+from sqlalchemy.orm import Session, sessionmaker
 
 from sentinel.accelerators.service import count_by_health
-from sentinel.clock import to_datetime
+from sentinel.alerting.dispatcher import Dispatcher
+from sentinel.auth.service import TokenCache
+from sentinel.checkpoints.service import fleet_fault_rate_per_hour
+from sentinel.clock import Clock, to_datetime
+from sentinel.incidents.lifecycle import Incidents
+from sentinel.jobs.service import JobNotFound, get_job
+from sentinel.live.view import LiveView
+from sentinel.nodes.service import fault_rates
+from sentinel.pipeline.ingest import Ingest
+from sentinel.remediation.engine import RemediationEngine
+from sentinel.remediation.recovery import JobHealth
 
-if TYPE_CHECKING:
-    from sentinel.checkpoints.schemas import CheckpointPolicy
-    from sentinel.jobs.schemas import JobMetrics
-    from sentinel.runtime import Runtime
+
+@dataclass(frozen=True)
+class Sources:
+    """What a scrape reads."""
+
+    sessions: sessionmaker[Session]
+    clock: Clock
+    live: LiveView
+    ingest: Ingest
+    incidents: Incidents
+    dispatcher: Dispatcher
+    remediation: RemediationEngine
+    tokens: TokenCache
+    plugin_errors: dict[str, int]
+    leading: Callable[[], bool]
+
+
+def _counter(name: str, doc: str, labels: list[str], counts: dict[Any, int]) -> CounterMetricFamily:
+    family = CounterMetricFamily(name, doc, labels=labels)
+    for key, count in sorted(counts.items()):
+        family.add_metric(list(key) if isinstance(key, tuple) else [key], count)
+    return family
 
 
 class FleetCollector(Collector):
-    def __init__(self, runtime: Runtime):
-        self._rt = runtime
+    def __init__(self, sources: Sources):
+        self._s = sources
 
     def collect(self) -> Iterator[Metric]:
+        s = self._s
         nodes = GaugeMetricFamily("sentinel_nodes", "Nodes by state", labels=["state"])
-        for state, count in self._rt.fleet.count_by_state().items():
+        for state, count in s.live.fleet.count_by_state().items():
             nodes.add_metric([state], count)
         yield nodes
         accelerators = GaugeMetricFamily("sentinel_accelerators", "Present accelerators by health", labels=["health"])
         try:
-            with self._rt.factory() as session:
+            with s.sessions() as session:
                 counts = count_by_health(session)
         except Exception:  # the database being away must not fail the scrape
             counts = {}
         for health, count in counts.items():
             accelerators.add_metric([health], count)
         yield accelerators
-        ingest = self._rt.ingest
+        yield from self._ingest()
+        incidents = GaugeMetricFamily("sentinel_incidents_open", "Incidents not yet resolved, by severity",
+                                      labels=["severity"])
+        for severity, count in s.incidents.open_counts().items():
+            incidents.add_metric([severity], count)
+        yield incidents
+        yield _counter("sentinel_notifications", "Notification deliveries by receiver, event and result",
+                       ["receiver", "event", "result"], s.dispatcher.snapshot())
+        yield _counter("sentinel_remediations", "Automatic actions by action and result", ["action", "result"],
+                       s.remediation.snapshot())
+        yield GaugeMetricFamily("sentinel_breaker_open", "1 while the circuit breaker stops automatic actions",
+                                value=1.0 if s.remediation.breaker.open else 0.0)
+        yield _counter("sentinel_plugin_errors", "Failures of scheduled jobs and plugins", ["plugin"],
+                       dict(s.plugin_errors))
+
+    def _ingest(self) -> Iterator[Metric]:
+        ingest = self._s.ingest
         yield CounterMetricFamily("sentinel_ingest_reports", "Node reports accepted and stored",
                                   value=ingest.accepted_total)
         yield CounterMetricFamily("sentinel_ingest_duplicates", "Replayed reports acknowledged, not counted again",
                                   value=ingest.duplicates_total)
-        rejected = CounterMetricFamily("sentinel_ingest_rejected", "Reports refused, by reason", labels=["reason"])
-        for reason, count in sorted(ingest.rejected_total.items()):
-            rejected.add_metric([reason], count)
-        yield rejected
-        incidents = GaugeMetricFamily("sentinel_incidents_open", "Incidents not yet resolved, by severity",
-                                      labels=["severity"])
-        for severity, count in self._rt.incidents.open_counts().items():
-            incidents.add_metric([severity], count)
-        yield incidents
-        sent = CounterMetricFamily("sentinel_notifications", "Notification deliveries by receiver, event and result",
-                                   labels=["receiver", "event", "result"])
-        for (receiver, event, result), count in sorted(self._rt.dispatcher.snapshot().items()):
-            sent.add_metric([receiver, event, result], count)
-        yield sent
-        remediations = CounterMetricFamily("sentinel_remediations", "Automatic actions by action and result",
-                                           labels=["action", "result"])
-        for (action, result), count in sorted(self._rt.remediation.snapshot().items()):
-            remediations.add_metric([action, result], count)
-        yield remediations
-        yield GaugeMetricFamily("sentinel_breaker_open", "1 while the circuit breaker stops automatic actions",
-                                value=1.0 if self._rt.remediation.breaker.open else 0.0)
-        errors = CounterMetricFamily("sentinel_plugin_errors", "Failures of scheduled jobs and plugins",
-                                     labels=["plugin"])
-        for plugin, count in sorted(self._rt.plugin_errors.items()):
-            errors.add_metric([plugin], count)
-        yield errors
+        yield _counter("sentinel_ingest_rejected", "Reports refused, by reason", ["reason"],
+                       dict(ingest.rejected_total))
+
+
+JOB_LABELS = ["job", "kind"]
+JOB_GAUGES = (
+    ("mfu_ratio", "Model FLOPs utilization over the recent window"),
+    ("allreduce_time_ratio", "Share of step time in collectives, mean over ranks"),
+    ("allreduce_exposed_time_ratio", "Share of step time waiting for collectives compute did not hide"),
+    ("tokens_per_second", "Tokens per second, summed over ranks"),
+    ("memory_peak_bytes", "Highest memory in use by any rank"),
+    ("memory_capacity_bytes", "Memory of the accelerators a rank runs on"),
+)
+CHECKPOINT_GAUGES = (
+    ("step", "Newest committed checkpoint step"),
+    ("stall_seconds", "What a save blocks the training loop for (median of recent saves, slowest rank)"),
+    ("write_seconds", "Background write time of a save (median of recent saves, slowest rank)"),
+    ("size_bytes", "Size of the newest committed checkpoint, all ranks"),
+    ("interval_seconds", "Observed time between committed checkpoints"),
+    ("interval_recommended_seconds", "Young/Daly interval √(2·stall·MTBF) from the live failure rate"),
+)
+
+
+class JobFamilies:
+    """The `sentinel_job_*` families of one scrape, filled job by job."""
+
+    def __init__(self) -> None:
+        self.gauges = {name: GaugeMetricFamily(f"sentinel_job_{name}", doc, labels=JOB_LABELS)
+                       for name, doc in JOB_GAUGES}
+        self.step = Metric("sentinel_job_step_seconds", "Step time over the recent window", "summary")
+        self.rank_step = GaugeMetricFamily("sentinel_job_rank_step_seconds", "Median step time per rank",
+                                           labels=[*JOB_LABELS, "rank"])
+        self.rank_share = GaugeMetricFamily("sentinel_job_rank_allreduce_time_ratio", "Collective share per rank",
+                                            labels=[*JOB_LABELS, "rank"])
+        self.failures = CounterMetricFamily("sentinel_job_task_failures", "Task failures by reason",
+                                            labels=[*JOB_LABELS, "reason"])
+        self.recovered = GaugeMetricFamily("sentinel_job_recovery_seconds",
+                                           "Last recovery: fault observed to the job stepping again", labels=JOB_LABELS)
+        self.lost = CounterMetricFamily("sentinel_job_lost_steps", "Steps recomputed after restarts", labels=JOB_LABELS)
+        self.goodput = GaugeMetricFamily(
+            "sentinel_job_goodput_ratio",
+            "1 − (recovery time + recomputed steps × median step) ÷ time since the job started", labels=JOB_LABELS)
+        self.checkpoint = {name: GaugeMetricFamily(f"sentinel_job_checkpoint_{name}", doc, labels=JOB_LABELS)
+                           for name, doc in CHECKPOINT_GAUGES}
+        self.checkpoint_written = CounterMetricFamily("sentinel_job_checkpoint_written_bytes",
+                                                      "Bytes checkpoint saves wrote (only chunks a store lacked)",
+                                                      labels=JOB_LABELS)
+
+    def add(self, lv: list[str], health: JobHealth, recovery_seconds: float | None) -> None:
+        self._checkpoints(lv, health)
+        m = health.metrics
+        for name, value in (("mfu_ratio", m.mfu_ratio), ("allreduce_time_ratio", m.allreduce_time_ratio),
+                            ("allreduce_exposed_time_ratio", m.allreduce_exposed_ratio),
+                            ("tokens_per_second", m.tokens_per_second), ("memory_peak_bytes", m.memory_peak_bytes),
+                            ("memory_capacity_bytes", m.memory_capacity_bytes)):
+            if value is not None:
+                self.gauges[name].add_metric(lv, float(value))
+        labels = {"job": lv[0], "kind": lv[1]}
+        for q, value in (("0.5", m.step_seconds_p50), ("0.95", m.step_seconds_p95)):
+            if value is not None:
+                self.step.add_sample("sentinel_job_step_seconds", {**labels, "quantile": q}, value)
+        if m.steps_in_window:
+            self.step.add_sample("sentinel_job_step_seconds_count", labels, m.steps_in_window)
+            self.step.add_sample("sentinel_job_step_seconds_sum", labels, m.step_seconds_sum)
+        for r in m.ranks:
+            if r.step_seconds_p50 is not None:
+                self.rank_step.add_metric([*lv, str(r.rank)], r.step_seconds_p50)
+            if r.allreduce_time_ratio is not None:
+                self.rank_share.add_metric([*lv, str(r.rank)], r.allreduce_time_ratio)
+        for reason, count in sorted(m.task_failures.items()):
+            self.failures.add_metric([*lv, reason], count)
+        if recovery_seconds is not None:
+            self.recovered.add_metric(lv, recovery_seconds)
+        self.lost.add_metric(lv, m.lost_steps_total)
+        if m.goodput_ratio is not None:
+            self.goodput.add_metric(lv, m.goodput_ratio)
+
+    def _checkpoints(self, lv: list[str], health: JobHealth) -> None:
+        policy = health.checkpoints
+        for name, value in (("step", policy.last_committed_step), ("stall_seconds", policy.stall_seconds),
+                            ("write_seconds", policy.write_seconds), ("size_bytes", policy.bytes_total),
+                            ("interval_seconds", policy.interval_observed_seconds),
+                            ("interval_recommended_seconds", policy.interval_recommended_seconds)):
+            if value is not None:
+                self.checkpoint[name].add_metric(lv, float(value))
+        self.checkpoint_written.add_metric(lv, policy.bytes_written_total)
+
+    def all(self) -> Iterator[Metric]:
+        yield from self.gauges.values()
+        yield from (self.step, self.rank_step, self.rank_share, self.failures, self.recovered, self.lost,
+                    self.goodput, self.checkpoint_written)
+        yield from self.checkpoint.values()
 
 
 class JobCollector(Collector):
     """`sentinel_job_*` (label `job` is the job id; Prometheus scrape configs should set honor_labels)."""
 
-    def __init__(self, runtime: Runtime):
-        self._rt = runtime
+    def __init__(self, sources: Sources):
+        self._s = sources
 
     def collect(self) -> Iterator[Metric]:
-        from sentinel.checkpoints.api import checkpoint_policy, fleet_fault_rate_per_hour
-        from sentinel.jobs.api import job_metrics
-        from sentinel.jobs.service import JobNotFound, current_placement, get_job
-
-        labels = ["job", "kind"]
-        g = {name: GaugeMetricFamily(f"sentinel_job_{name}", doc, labels=labels) for name, doc in (
-            ("mfu_ratio", "Model FLOPs utilization over the recent window"),
-            ("allreduce_time_ratio", "Share of step time in collectives, mean over ranks"),
-            ("allreduce_exposed_time_ratio", "Share of step time waiting for collectives compute did not hide"),
-            ("tokens_per_second", "Tokens per second, summed over ranks"),
-            ("memory_peak_bytes", "Highest memory in use by any rank"),
-            ("memory_capacity_bytes", "Memory of the accelerators a rank runs on"),
-        )}
-        step = Metric("sentinel_job_step_seconds", "Step time over the recent window", "summary")
-        rank_step = GaugeMetricFamily("sentinel_job_rank_step_seconds", "Median step time per rank",
-                                      labels=[*labels, "rank"])
-        rank_share = GaugeMetricFamily("sentinel_job_rank_allreduce_time_ratio", "Collective share per rank",
-                                       labels=[*labels, "rank"])
-        failures = CounterMetricFamily("sentinel_job_task_failures", "Task failures by reason",
-                                       labels=[*labels, "reason"])
-        recovered = GaugeMetricFamily("sentinel_job_recovery_seconds",
-                                      "Last recovery: fault observed to the job stepping again", labels=labels)
-        recovery = dict(self._rt.remediation.recovery_seconds)
-        lost = CounterMetricFamily("sentinel_job_lost_steps", "Steps recomputed after restarts", labels=labels)
-        goodput = GaugeMetricFamily("sentinel_job_goodput_ratio",
-                                    "1 − (recovery time + recomputed steps × median step) ÷ time since the job started",
-                                    labels=labels)
-        ckpt = {name: GaugeMetricFamily(f"sentinel_job_checkpoint_{name}", doc, labels=labels) for name, doc in (
-            ("step", "Newest committed checkpoint step"),
-            ("stall_seconds", "What a save blocks the training loop for (median of recent saves, slowest rank)"),
-            ("write_seconds", "Background write time of a save (median of recent saves, slowest rank)"),
-            ("size_bytes", "Size of the newest committed checkpoint, all ranks"),
-            ("interval_seconds", "Observed time between committed checkpoints"),
-            ("interval_recommended_seconds", "Young/Daly interval √(2·stall·MTBF) from the live failure rate"),
-        )}
-        ckpt_written = CounterMetricFamily("sentinel_job_checkpoint_written_bytes",
-                                           "Bytes checkpoint saves wrote (only chunks a store lacked)", labels=labels)
-        jobs: list[tuple[Any, dict[int, list[str]], JobMetrics, CheckpointPolicy]] = []
+        s = self._s
+        families = JobFamilies()
+        recovery = dict(s.remediation.recoveries.seconds)
         try:
-            with self._rt.factory() as session:
-                fleet_rate = fleet_fault_rate_per_hour(session, to_datetime(self._rt.clock.time()))
-                for job_id in self._rt.jobs.job_ids():
+            with s.sessions() as session:
+                now = s.clock.time()
+                fleet_rate = fleet_fault_rate_per_hour(session, to_datetime(now))
+                jobs = []
+                for job_id in s.live.jobs.job_ids():
                     try:
                         job = get_job(session, job_id)
                     except JobNotFound:
                         continue
-                    placement = current_placement(session, job_id)
-                    m = job_metrics(self._rt, job.id, job.created_at, placement)
-                    policy = checkpoint_policy(self._rt, session, job, failures_per_hour=m.failures_per_hour,
-                                               accelerators=sum(len(a) for a in placement.values()) or job.world_size,
-                                               step_seconds=m.step_seconds_p50, fleet_rate=fleet_rate)
-                    jobs.append((job, placement, m, policy))
+                    jobs.append((job, s.remediation.recoveries.job_health(session, job, now, fleet_rate=fleet_rate)))
         except Exception:  # the database being away must not fail the scrape
             jobs = []
-        for job, _, m, policy in jobs:
-            lv = [str(job.id), job.kind]
-            for name, value in (("step", policy.last_committed_step), ("stall_seconds", policy.stall_seconds),
-                                ("write_seconds", policy.write_seconds), ("size_bytes", policy.bytes_total),
-                                ("interval_seconds", policy.interval_observed_seconds),
-                                ("interval_recommended_seconds", policy.interval_recommended_seconds)):
-                if value is not None:
-                    ckpt[name].add_metric(lv, float(value))
-            ckpt_written.add_metric(lv, policy.bytes_written_total)
-            for name, value in (("mfu_ratio", m.mfu_ratio), ("allreduce_time_ratio", m.allreduce_time_ratio),
-                                ("allreduce_exposed_time_ratio", m.allreduce_exposed_ratio),
-                                ("tokens_per_second", m.tokens_per_second), ("memory_peak_bytes", m.memory_peak_bytes),
-                                ("memory_capacity_bytes", m.memory_capacity_bytes)):
-                if value is not None:
-                    g[name].add_metric(lv, float(value))
-            for q, value in (("0.5", m.step_seconds_p50), ("0.95", m.step_seconds_p95)):
-                if value is not None:
-                    step.add_sample("sentinel_job_step_seconds", {"job": lv[0], "kind": lv[1], "quantile": q}, value)
-            if m.steps_in_window:
-                step.add_sample("sentinel_job_step_seconds_count", {"job": lv[0], "kind": lv[1]}, m.steps_in_window)
-                step.add_sample("sentinel_job_step_seconds_sum", {"job": lv[0], "kind": lv[1]}, m.step_seconds_sum)
-            for r in m.ranks:
-                if r.step_seconds_p50 is not None:
-                    rank_step.add_metric([*lv, str(r.rank)], r.step_seconds_p50)
-                if r.allreduce_time_ratio is not None:
-                    rank_share.add_metric([*lv, str(r.rank)], r.allreduce_time_ratio)
-            for reason, count in sorted(m.task_failures.items()):
-                failures.add_metric([*lv, reason], count)
-            if job.id in recovery:
-                recovered.add_metric(lv, recovery[job.id])
-            lost.add_metric(lv, m.lost_steps_total)
-            if m.goodput_ratio is not None:
-                goodput.add_metric(lv, m.goodput_ratio)
-        yield from g.values()
-        yield from (step, rank_step, rank_share, failures, recovered, lost, goodput, ckpt_written)
-        yield from ckpt.values()
+        for job, health in jobs:
+            families.add([str(job.id), job.kind], health, recovery.get(job.id))
+        yield from families.all()
 
 
 class ReliabilityCollector(Collector):
-    def __init__(self, runtime: Runtime):
-        self._rt = runtime
+    def __init__(self, sources: Sources):
+        self._s = sources
 
     def collect(self) -> Iterator[GaugeMetricFamily]:
-        from sentinel.clock import to_datetime
-        from sentinel.nodes.service import fault_rates
-
         try:
-            with self._rt.factory() as session:
-                rows = fault_rates(session, to_datetime(self._rt.clock.time()))
+            with self._s.sessions() as session:
+                rows = fault_rates(session, to_datetime(self._s.clock.time()))
         except Exception:
             return
         faults, days = sum(r[1] for r in rows), sum(r[2] for r in rows)
@@ -197,43 +237,40 @@ class ServerCollector(Collector):
     """This server's role. A standby exports only this: the fleet's series come from the leader alone,
     so a Prometheus scraping every server never counts a node twice."""
 
-    def __init__(self, runtime: Runtime):
-        self._rt = runtime
+    def __init__(self, sources: Sources):
+        self._s = sources
 
     def collect(self) -> Iterator[Metric]:
         yield GaugeMetricFamily("sentinel_server_leader", "1 on the server that leads, 0 on a standby",
-                                value=1.0 if self._rt.leading else 0.0)
+                                value=1.0 if self._s.leading() else 0.0)
 
 
 class LeaderOnly(Collector):
-    def __init__(self, runtime: Runtime, inner: Collector):
-        self._rt = runtime
+    def __init__(self, sources: Sources, inner: Collector):
+        self._s = sources
         self._inner = inner
 
     def collect(self) -> Iterator[Metric]:
-        if self._rt.leading:
+        if self._s.leading():
             yield from self._inner.collect()
 
 
 class RateLimitCollector(Collector):
     """Requests refused with 429 by this server's per-token rate limits (auth/ratelimit.py), by role."""
 
-    def __init__(self, runtime: Runtime):
-        self._rt = runtime
+    def __init__(self, sources: Sources):
+        self._s = sources
 
     def collect(self) -> Iterator[Metric]:
-        limited = CounterMetricFamily("sentinel_rate_limited", "Requests refused for their token's rate limit",
-                                      labels=["role"])
-        for role, count in sorted(self._rt.tokens.limiter.snapshot().items()):
-            limited.add_metric([role], count)
-        yield limited
+        yield _counter("sentinel_rate_limited", "Requests refused for their token's rate limit", ["role"],
+                       self._s.tokens.limiter.snapshot())
 
 
-def build_registry(runtime: Runtime) -> CollectorRegistry:
+def build_registry(sources: Sources) -> CollectorRegistry:
     registry = CollectorRegistry(auto_describe=False)
-    registry.register(RateLimitCollector(runtime))  # every server, leader or not: each limits its own callers
-    registry.register(ServerCollector(runtime))
-    for collector in (FleetCollector(runtime), JobCollector(runtime), ReliabilityCollector(runtime)):
-        registry.register(LeaderOnly(runtime, collector))
-    registry.register(runtime.incidents.latency)
+    registry.register(RateLimitCollector(sources))  # every server, leader or not: each limits its own callers
+    registry.register(ServerCollector(sources))
+    for collector in (FleetCollector(sources), JobCollector(sources), ReliabilityCollector(sources)):
+        registry.register(LeaderOnly(sources, collector))
+    registry.register(sources.incidents.latency)
     return registry

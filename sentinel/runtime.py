@@ -1,6 +1,10 @@
-"""Everything one server process holds: database handles, in-memory fleet view, ingest, scheduler.
+"""The composition root: everything one server process holds, built from settings and an injected clock.
 
-Built from settings and an injected clock; nothing starts until `start()`.
+`build` wires the parts once, in the order the report path runs (pipeline/report.py tells that path):
+the live layer (live/view.py), ingest and the pipeline, detection → incidents → the dispatcher (their
+outbox) and remediation (an incident listener). Nothing starts until `start()`; the loops run only on
+the leader (`lead()`, once the lock is held). Routers get their parts through typed dependencies
+(sentinel/deps.py), never this object.
 """
 
 from __future__ import annotations
@@ -8,7 +12,6 @@ from __future__ import annotations
 import logging
 import os
 import socket
-import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -27,18 +30,19 @@ from sentinel.detection.catalog import FaultCatalog
 from sentinel.detection.engine import DetectionEngine, load_detectors
 from sentinel.ha.leader import Elector, make_lock
 from sentinel.incidents.lifecycle import Incidents
-from sentinel.jobs.service import assignments_by_node
 from sentinel.live.checkpoints import CheckpointLedger
 from sentinel.live.faults import FaultHistory
-from sentinel.live.fleet import Fleet, NodeLive
+from sentinel.live.fleet import Fleet
 from sentinel.live.jobs import JobTelemetry
-from sentinel.live.liveness import flush_liveness
+from sentinel.live.liveness import check_liveness, flush_liveness, prune_receipts
 from sentinel.live.samples import SampleStore
+from sentinel.live.view import LiveView
 from sentinel.nodes.commands import CommandQueue
-from sentinel.pipeline.ingest import ClosedTask, Ingest
+from sentinel.pipeline.ingest import Ingest
+from sentinel.pipeline.report import ReportPipeline
 from sentinel.pipeline.writer import GroupCommitWriter
 from sentinel.remediation.engine import RemediationEngine
-from sentinel.telemetry.schemas import Assignment, NodeReport
+from sentinel.scheduler import Periodic
 
 log = logging.getLogger("sentinel.server")
 
@@ -49,20 +53,15 @@ class Runtime:
     clock: Clock
     engine: Engine
     factory: sessionmaker[Session]
-    fleet: Fleet
-    samples: SampleStore
+    live: LiveView
     ingest: Ingest
+    pipeline: ReportPipeline
     tokens: TokenCache
     commands: CommandQueue
-    jobs: JobTelemetry
-    history: FaultHistory
     incidents: Incidents
     detection: DetectionEngine
     dispatcher: Dispatcher
     remediation: RemediationEngine
-    checkpoints: CheckpointLedger
-    assignments: dict[int, list[Assignment]] = field(default_factory=dict)
-    assignments_lock: threading.Lock = field(default_factory=threading.Lock)
     plugin_errors: dict[str, int] = field(default_factory=dict)
     ready: bool = False
     elector: Elector | None = None
@@ -74,31 +73,49 @@ class Runtime:
         clock = clock or SystemClock()
         engine = make_engine(settings.effective_database_url)
         factory = make_sessionmaker(engine)
-        fleet = Fleet()
-        samples = SampleStore(settings.window_samples)
-        ingest = Ingest(factory=factory, fleet=fleet, samples=samples, clock=clock,
-                        writer=GroupCommitWriter(factory))
-        jobs, history, checkpoints = JobTelemetry(), FaultHistory(), CheckpointLedger()
-        dispatcher = Dispatcher(factory, settings, clock)
-        incidents = Incidents(factory, settings, clock, outbox=dispatcher)
-        holder: list[Runtime] = []
-        ctx = DetectionContext(settings=settings, clock=clock, fleet=fleet, samples=samples, jobs=jobs,
-                               catalog=FaultCatalog.load(settings.fault_catalog_file), history=history,
-                               assignments=lambda: holder[0].assignments, checkpoints=checkpoints)
         errors: dict[str, int] = {}
-        detection = DetectionEngine(ctx, load_detectors(settings), incidents, errors)
+        live = LiveView.empty(factory, window_samples=settings.window_samples)
+        ingest = Ingest(factory=factory, fleet=live.fleet, samples=live.samples, clock=clock,
+                        writer=GroupCommitWriter(factory))
+        dispatcher = Dispatcher(factory, settings, clock)
+        incidents = Incidents(factory, settings, clock, outbox=dispatcher)  # 4 → 5 notify
         commands = CommandQueue()
-        remediation = RemediationEngine(factory=factory, settings=settings, clock=clock, fleet=fleet, jobs=jobs,
-                                        incidents=incidents, commands=commands)
-        incidents.listeners.append(remediation.on_incident)
-        ctx.restarting = remediation.is_restarting
-        runtime = cls(settings=settings, clock=clock, engine=engine, factory=factory, fleet=fleet,
-                      samples=samples, ingest=ingest, tokens=TokenCache(factory), commands=commands,
-                      jobs=jobs, history=history, incidents=incidents, detection=detection, dispatcher=dispatcher,
-                      remediation=remediation, plugin_errors=errors, checkpoints=checkpoints)
+        remediation = RemediationEngine(factory=factory, settings=settings, clock=clock, fleet=live.fleet,
+                                        jobs=live.jobs, incidents=incidents, commands=commands)
+        incidents.listeners.append(remediation.on_incident)  # 4 → 5 remediate
+        ctx = DetectionContext(settings=settings, clock=clock, fleet=live.fleet, samples=live.samples, jobs=live.jobs,
+                               catalog=FaultCatalog.load(settings.fault_catalog_file), history=live.faults,
+                               assignments=live.assignments.snapshot, checkpoints=live.checkpoints,
+                               restarting=remediation.is_restarting)
+        detection = DetectionEngine(ctx, load_detectors(settings), incidents, errors)  # 3 → 4
+        pipeline = ReportPipeline(ingest=ingest, live=live, detection=detection, remediation=remediation,
+                                  commands=commands, clock=clock, errors=errors)  # 1 → 2 → 3
+        runtime = cls(settings=settings, clock=clock, engine=engine, factory=factory, live=live, ingest=ingest,
+                      pipeline=pipeline, tokens=TokenCache(factory), commands=commands, incidents=incidents,
+                      detection=detection, dispatcher=dispatcher, remediation=remediation, plugin_errors=errors)
         runtime.on_lost_lead = runtime._exit_on_lost_lead
-        holder.append(runtime)
         return runtime
+
+    # the live layer's parts, by the names the rest of the server (and its tests) use
+    @property
+    def fleet(self) -> Fleet:
+        return self.live.fleet
+
+    @property
+    def samples(self) -> SampleStore:
+        return self.live.samples
+
+    @property
+    def jobs(self) -> JobTelemetry:
+        return self.live.jobs
+
+    @property
+    def checkpoints(self) -> CheckpointLedger:
+        return self.live.checkpoints
+
+    @property
+    def history(self) -> FaultHistory:
+        return self.live.faults
 
     @property
     def leading(self) -> bool:
@@ -128,19 +145,12 @@ class Runtime:
         self.ready = True
 
     def lead(self) -> None:
-        """Become the leader: rebuild the in-memory view from SQL, then run detection, alerting, remediation."""
+        """Become the leader: rebuild the live layer from SQL, then run ingest, detection, alerting, remediation."""
         started = time.monotonic()
         with self.factory() as session:
-            self.fleet.load(session, now=self.clock.time())
-            self.assignments = assignments_by_node(session)
-            self.jobs.load(session)
-            self.history.load(session, now=self.clock.time())
-            self.checkpoints.load(session)
+            self.live.load(session, now=self.clock.time())
             self.incidents.load(session)
             self.remediation.load(session)
-        self.ingest.listeners.append(self._on_report)
-        self.ingest.listeners.append(self.detection.on_report)
-        self.ingest.listeners.append(self.remediation.on_report)
         self.ingest.writer.start()
         self.detection.start()
         self.remediation.start()
@@ -180,21 +190,24 @@ class Runtime:
     def clock_now(self) -> datetime:
         return to_datetime(self.clock.time())
 
-    def _on_report(self, live: NodeLive, report: NodeReport, exits: list[ClosedTask]) -> None:
-        if report.tasks:
-            self.jobs.add(live.name, report.tasks, self.clock.time())
-        for closed in exits:
-            self.jobs.mark_ended(closed.job_id, closed.rank, closed.pid)
-            if closed.failure_reason:
-                self.jobs.count_failure(closed.job_id, closed.failure_reason)
-        if exits:
-            self.refresh_assignments()
+    def periodic(self) -> list[Periodic]:
+        """The leader's periodic work (scheduler.py runs it)."""
+        s = self.settings
+        return [
+            Periodic("liveness", s.liveness_check_seconds, self.check_liveness),
+            Periodic("detect", s.detection_interval_seconds, self.detection.evaluate),
+            Periodic("remediation", 1.0, self.remediation.tick),
+            Periodic("alert_refresh", s.alert_resend_seconds,
+                     lambda: self.dispatcher.refresh_alertmanager(self.clock_now())),
+            Periodic("liveness_flush", s.liveness_flush_seconds, lambda: flush_liveness(self.factory, self.fleet)),
+            Periodic("receipt_prune", 300.0,
+                     lambda: prune_receipts(self.factory, self.clock, s.receipt_retention_seconds)),
+        ]
 
-    def refresh_assignments(self) -> None:
-        """Re-read running tasks. Serialised, query included: two refreshes racing (a task exit and a task
-        registration) must not let the older read overwrite the newer one."""
-        with self.assignments_lock, self.factory() as session:
-            self.assignments = assignments_by_node(session)
+    def check_liveness(self) -> None:
+        """Mark silent nodes down; when some went down, judge heartbeat loss now rather than at the next round."""
+        if check_liveness(self.factory, self.fleet, self.clock, self.settings.missed_intervals_down):
+            self.detection.evaluate(only="heartbeat")
 
     def bootstrap_admin_token(self) -> None:
         """On an empty database, make the first admin token and say once where it is. No default secret exists."""

@@ -7,28 +7,21 @@ from fastapi import APIRouter, Depends, Query
 from sentinel.accelerators.schemas import AcceleratorOut, FleetReliability, NodeReliability
 from sentinel.auth.deps import READ, allow
 from sentinel.clock import to_datetime
-from sentinel.deps import Offset, runtime
+from sentinel.deps import Live, Offset, ServerClock, Sessions
 from sentinel.nodes.service import fault_rates, list_accelerators
-from sentinel.runtime import Runtime
 
 router = APIRouter(prefix="/accelerators", tags=["accelerators"])
 
 
 @router.get("", response_model=list[AcceleratorOut], dependencies=[Depends(allow(READ))])
-def get_accelerators(rt: Annotated[Runtime, Depends(runtime)], node: str | None = None,
+def get_accelerators(sessions: Sessions, live: Live, node: str | None = None,
                      health: Literal["healthy", "suspect", "quarantined"] | None = None,
                      limit: Annotated[int, Query(ge=1, le=10_000)] = 1000,
                      offset: Offset = 0) -> list[AcceleratorOut]:
-    with rt.factory() as session:
+    with sessions() as session:
         rows = list_accelerators(session, node=node, health=health, limit=limit, offset=offset)
-    return [with_latest(rt, AcceleratorOut.model_validate(acc).model_copy(update={"node": name})) for acc, name in rows]
-
-
-def with_latest(rt: Runtime, out: AcceleratorOut) -> AcceleratorOut:
-    latest = rt.samples.latest(out.uuid)
-    if latest is None:
-        return out
-    return out.model_copy(update={"sampled_at": to_datetime(latest[0]), "latest": latest[1]})
+    return [live.samples.with_latest(AcceleratorOut.model_validate(acc).model_copy(update={"node": name}))
+            for acc, name in rows]
 
 
 fleet_router = APIRouter(prefix="/fleet", tags=["accelerators"])
@@ -39,9 +32,9 @@ def per_thousand(faults: int, days: float) -> float | None:
 
 
 @fleet_router.get("/reliability", response_model=FleetReliability, dependencies=[Depends(allow(READ))])
-def get_reliability(rt: Annotated[Runtime, Depends(runtime)]) -> FleetReliability:
-    with rt.factory() as session:
-        rows = fault_rates(session, to_datetime(rt.clock.time()))
+def get_reliability(sessions: Sessions, clock: ServerClock) -> FleetReliability:
+    with sessions() as session:
+        rows = fault_rates(session, to_datetime(clock.time()))
     nodes = [NodeReliability(node=n, hardware_faults=f, accelerator_days=d,
                              faults_per_1000_accelerator_days=per_thousand(f, d)) for n, f, d in rows]
     faults, days = sum(n.hardware_faults for n in nodes), sum(n.accelerator_days for n in nodes)

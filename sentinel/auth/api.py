@@ -13,20 +13,18 @@ from sentinel.auth.deps import ADMIN, allow
 from sentinel.auth.schemas import TokenCreate, TokenCreated, TokenOut
 from sentinel.auth.service import Principal, TokenNotFound, find_token, issue_token, list_tokens, revoke_token
 from sentinel.db import transaction
-from sentinel.deps import not_found, runtime
-from sentinel.runtime import Runtime
+from sentinel.deps import Sessions, Tokens, not_found
 
 log = logging.getLogger("sentinel.auth")
 router = APIRouter()
 router.include_router(audit_router)
 
-RT = Annotated[Runtime, Depends(runtime)]
 Admin = Annotated[Principal, Depends(allow(ADMIN))]
 
 
 @router.post("/tokens", response_model=TokenCreated, status_code=201, tags=["auth"])
-def post_token(spec: TokenCreate, rt: RT, who: Admin) -> TokenCreated:
-    with transaction(rt.factory) as session:
+def post_token(spec: TokenCreate, sessions: Sessions, who: Admin) -> TokenCreated:
+    with transaction(sessions) as session:
         try:
             token, secret = issue_token(session, name=spec.name, role=spec.role, expires_at=spec.expires_at,
                                         node=spec.node, rate_limit_per_second=spec.rate_limit_per_second)
@@ -42,16 +40,16 @@ def post_token(spec: TokenCreate, rt: RT, who: Admin) -> TokenCreated:
 
 
 @router.get("/tokens", response_model=list[TokenOut], tags=["auth"])
-def get_tokens(rt: RT, _: Admin, revoked: bool = True) -> list[TokenOut]:
+def get_tokens(sessions: Sessions, _: Admin, revoked: bool = True) -> list[TokenOut]:
     """Every token without its secret or hash; `revoked=false` leaves out revoked ones."""
-    with rt.factory() as session:
+    with sessions() as session:
         return [TokenOut.model_validate(row) for row in list_tokens(session, include_revoked=revoked)]
 
 
 @router.post("/tokens/{token_id}/revoke", response_model=TokenOut, tags=["auth"])
-def post_revoke(token_id: int, rt: RT, who: Admin) -> TokenOut:
+def post_revoke(token_id: int, sessions: Sessions, tokens: Tokens, who: Admin) -> TokenOut:
     """Stops the token at once on this server, within the token cache's 5 s on others. Idempotent."""
-    with transaction(rt.factory) as session:
+    with transaction(sessions) as session:
         try:
             token = find_token(session, id_or_name=token_id)
         except TokenNotFound as exc:
@@ -61,7 +59,7 @@ def post_revoke(token_id: int, rt: RT, who: Admin) -> TokenOut:
             record(session, actor=who.actor, action="token.revoke", subject=f"token/{token.name}",
                    detail={"id": token.id, "role": token.role})
         out = TokenOut.model_validate(token)
-    rt.tokens.forget(token_id)
+    tokens.forget(token_id)
     if changed:
         log.info("token revoked: id=%d name=%s by=%s", token_id, out.name, who.actor)
     return out

@@ -23,6 +23,7 @@ from sentinel.checkpoints.models import Checkpoint, CheckpointShard
 from sentinel.checkpoints.schemas import (
     CheckpointDetail,
     CheckpointOut,
+    CheckpointPolicy,
     PlanShard,
     RecoveryPlan,
     ShardCreate,
@@ -33,6 +34,7 @@ from sentinel.db import utcnow
 from sentinel.events.service import record_event
 from sentinel.jobs.models import Job
 from sentinel.nodes.models import Node
+from sentinel.nodes.service import fault_rates
 from sentinel.sdk.checkpoint import retained_steps
 
 DEFAULT_KEEP_LAST = 3
@@ -336,3 +338,45 @@ def checkpoint_costs(session: Session, job_id: int, *, recent: int = 10) -> Cost
 def young_daly_seconds(cost_seconds: float, mtbf_seconds: float) -> float:
     """The checkpoint interval that minimises expected lost time: √(2·C·MTBF) (Young 1974, Daly 2006)."""
     return math.sqrt(2.0 * max(cost_seconds, 1e-6) * mtbf_seconds)
+
+
+def with_progress(plan: RecoveryPlan, last_step: int | None) -> RecoveryPlan:
+    """Add how far the job had got (`last_step`, from its telemetry) and so how many steps resuming from the
+    plan recomputes."""
+    if last_step is None:
+        return plan
+    redo = max(0, last_step - (plan.step or 0))
+    return plan.model_copy(update={"last_step": last_step, "steps_to_recompute": redo})
+
+
+def fleet_fault_rate_per_hour(session: Session, now: datetime) -> float:
+    """Hardware faults per accelerator-hour across the fleet."""
+    rates = fault_rates(session, now)
+    days = sum(d for _, _, d in rates)
+    return sum(f for _, f, _ in rates) / (days * 24.0) if days > 0 else 0.0
+
+
+def checkpoint_policy(session: Session, job: Job, *, now: datetime, failures_per_hour: float | None,
+                      accelerators: int, step_seconds: float | None,
+                      fleet_rate: float | None = None) -> CheckpointPolicy:
+    """Costs from the catalog and the Young/Daly interval from the live failure rate: the job's own task
+    failures or the fleet's hardware fault rate over its accelerators, whichever is higher."""
+    costs = checkpoint_costs(session, job.id)
+    if fleet_rate is None:
+        fleet_rate = fleet_fault_rate_per_hour(session, now)
+    hardware = fleet_rate * max(1, accelerators)
+    rate, basis = max((failures_per_hour or 0.0, "this job's task failures"), (hardware, "the fleet's hardware "
+                      f"fault rate × {max(1, accelerators)} accelerator(s)"))
+    interval = steps = None
+    mtbf = 1.0 / rate if rate > 0 else None
+    if mtbf is None:
+        basis = "no failure observed yet, in this job or the fleet"
+    elif costs.stall_seconds is not None:
+        interval = young_daly_seconds(costs.stall_seconds, mtbf * 3600.0)
+        steps = max(1, round(interval / step_seconds)) if step_seconds else None
+    return CheckpointPolicy(last_committed_step=costs.last_step, last_committed_at=costs.last_at,
+                            committed=costs.committed, stall_seconds=costs.stall_seconds,
+                            write_seconds=costs.write_seconds, bytes_total=costs.bytes_total,
+                            bytes_written_total=costs.bytes_written_total, mtbf_hours=mtbf, failure_basis=basis,
+                            interval_recommended_seconds=interval, interval_recommended_steps=steps,
+                            interval_observed_seconds=costs.interval_seconds)

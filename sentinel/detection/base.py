@@ -20,12 +20,12 @@ if TYPE_CHECKING:
     from sentinel.clock import Clock
     from sentinel.config import Settings
     from sentinel.detection.catalog import FaultCatalog
+    from sentinel.jobs.service import ClosedTask
     from sentinel.live.checkpoints import CheckpointLedger
     from sentinel.live.faults import FaultHistory
     from sentinel.live.fleet import Fleet, NodeLive
     from sentinel.live.jobs import JobTelemetry
     from sentinel.live.samples import SampleStore
-    from sentinel.pipeline.ingest import ClosedTask
     from sentinel.telemetry.schemas import Assignment, NodeReport
 
 log = logging.getLogger("sentinel.detection")

@@ -25,9 +25,9 @@ from sentinel.detection.base import DETECTORS, DetectionContext, Detector, Evalu
 from sentinel.detection.replay import REPLAY_SECONDS, last_seen, stored_reports
 from sentinel.incidents.findings import Finding
 from sentinel.incidents.lifecycle import Incidents
+from sentinel.jobs.service import ClosedTask
 from sentinel.live.faults import Fault
 from sentinel.live.fleet import NodeLive
-from sentinel.pipeline.ingest import ClosedTask
 from sentinel.telemetry.schemas import NodeReport
 from sentinel.worker import QueueWorker
 

@@ -17,9 +17,9 @@ from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
 from sentinel.events.models import Event
+from sentinel.events.service import EVENT_SEVERITY
 from sentinel.incidents.models import Incident
 from sentinel.nodes.models import Node
-from sentinel.pipeline.ingest import EVENT_SEVERITY
 from sentinel.telemetry.schemas import HardwareEvent, NodeReport
 
 # Far longer than the few milliseconds an event waits in the queue, and than a slow leader's stall.

@@ -9,6 +9,11 @@ from sqlalchemy.orm import Session
 from sentinel.db import utcnow
 from sentinel.events.models import Event
 
+# The severity an event the agent reports is stored with, by kind (hardware faults are critical).
+EVENT_SEVERITY = {"xid": "critical", "ecc": "critical", "offline": "critical", "remap": "critical",
+                  "hang": "warning", "slow": "warning", "thermal": "warning", "power": "warning",
+                  "clear": "info", "probe": "info", "other": "info"}
+
 
 def record_event(session: Session, *, kind: str, message: str, severity: str = "info",
                  node_id: int | None = None, accelerator_uuid: str | None = None, job_id: int | None = None,

@@ -6,6 +6,7 @@ from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, Body, Depends, HTTPException, Query
 from sqlalchemy import select
+from sqlalchemy.orm import Session, sessionmaker
 
 from sentinel.alerting.models import Notification
 from sentinel.alerting.schemas import NotificationOut
@@ -13,14 +14,13 @@ from sentinel.audit.service import record
 from sentinel.auth.deps import OPERATE, READ, allow
 from sentinel.auth.service import Principal
 from sentinel.db import transaction
-from sentinel.deps import MAX_ID, BigIdPath, Offset, not_found, runtime
+from sentinel.deps import MAX_ID, BigIdPath, IncidentLog, Offset, Sessions, not_found
 from sentinel.errors import CONFLICT
 from sentinel.incidents import render, service
+from sentinel.incidents.lifecycle import Incidents
 from sentinel.incidents.schemas import IncidentList, IncidentOut, IncidentUpdate
-from sentinel.runtime import Runtime
 
 router = APIRouter(prefix="/incidents", tags=["incidents"])
-RT = Annotated[Runtime, Depends(runtime)]
 
 
 
@@ -38,7 +38,7 @@ STATES = {"active": ("open", "acknowledged"), "open": ("open",), "acknowledged":
 
 
 @router.get("", response_model=IncidentList, dependencies=[Depends(allow(READ))])
-def list_incidents(rt: RT, state: Literal["active", "open", "acknowledged", "resolved", "all"] = "active",
+def list_incidents(sessions: Sessions, state: Literal["active", "open", "acknowledged", "resolved", "all"] = "active",
                    severity: Literal["info", "warning", "critical"] | None = None,
                    node: Annotated[str | None, Query(max_length=128)] = None,
                    job: Annotated[int | None, Query(ge=1, le=MAX_ID)] = None,
@@ -46,17 +46,17 @@ def list_incidents(rt: RT, state: Literal["active", "open", "acknowledged", "res
                    limit: Annotated[int, Query(ge=1, le=1000)] = 100,
                    offset: Offset = 0) -> IncidentList:
     """Newest first. `state=active` (the default) is open and acknowledged ones."""
-    with rt.factory() as session:
+    with sessions() as session:
         rows, total = service.list_incidents(session, states=STATES[state], severity=severity, node=node,
                                              job_id=job, detector=detector, limit=limit, offset=offset)
         return IncidentList(incidents=[IncidentOut.model_validate(r) for r in rows], total=total)
 
 
 @router.get("/{incident_id}", response_model=IncidentDetail, dependencies=[Depends(allow(READ))])
-def get_incident(incident_id: BigIdPath, rt: RT) -> IncidentDetail:
+def get_incident(incident_id: BigIdPath, sessions: Sessions) -> IncidentDetail:
     """Everything: the evidence window, the comparison, what Sentinel did, what to check next, and the
     notifications sent about it."""
-    with rt.factory() as session:
+    with sessions() as session:
         try:
             incident = service.get_incident(session, incident_id)
         except service.IncidentNotFound as exc:
@@ -68,30 +68,33 @@ def get_incident(incident_id: BigIdPath, rt: RT) -> IncidentDetail:
                               notifications=[NotificationOut.model_validate(n) for n in notes])
 
 
-def _change(rt: Runtime, incident_id: int, who: Principal, what: str, note: str) -> IncidentOut:
+def _change(sessions: sessionmaker[Session], incidents: Incidents, incident_id: int, who: Principal, what: str,
+            note: str) -> IncidentOut:
     try:
         if what == "ack":
-            out = rt.incidents.acknowledge(incident_id, actor=who.actor, note=note)
+            out = incidents.acknowledge(incident_id, actor=who.actor, note=note)
         else:
-            out = rt.incidents.resolve(incident_id, actor=who.actor, reason=note or "resolved by an operator")
+            out = incidents.resolve(incident_id, actor=who.actor, reason=note or "resolved by an operator")
     except service.IncidentNotFound as exc:
         raise not_found(exc) from exc
     except service.IncidentStateError as exc:
         raise HTTPException(409, str(exc)) from exc
-    with transaction(rt.factory) as session:
+    with transaction(sessions) as session:
         record(session, actor=who.actor, action=f"incident.{what}", subject=f"incident/{incident_id}", reason=note)
     return out
 
 
 @router.post("/{incident_id}/ack", response_model=IncidentOut, responses=CONFLICT)
-def acknowledge(incident_id: BigIdPath, rt: RT, who: Annotated[Principal, Depends(allow(OPERATE))],
+def acknowledge(incident_id: BigIdPath, sessions: Sessions, incidents: IncidentLog,
+                who: Annotated[Principal, Depends(allow(OPERATE))],
                 body: Annotated[IncidentUpdate | None, Body()] = None) -> IncidentOut:
     """Someone is on it: stops re-escalation (PagerDuty acknowledge). Acknowledging twice is a no-op."""
-    return _change(rt, incident_id, who, "ack", (body or IncidentUpdate()).note)
+    return _change(sessions, incidents, incident_id, who, "ack", (body or IncidentUpdate()).note)
 
 
 @router.post("/{incident_id}/resolve", response_model=IncidentOut, responses=CONFLICT)
-def resolve(incident_id: BigIdPath, rt: RT, who: Annotated[Principal, Depends(allow(OPERATE))],
+def resolve(incident_id: BigIdPath, sessions: Sessions, incidents: IncidentLog,
+            who: Annotated[Principal, Depends(allow(OPERATE))],
             body: Annotated[IncidentUpdate | None, Body()] = None) -> IncidentOut:
     """Close it by hand; receivers that were paged get a resolve. Resolving twice is a no-op."""
-    return _change(rt, incident_id, who, "resolve", (body or IncidentUpdate()).note)
+    return _change(sessions, incidents, incident_id, who, "resolve", (body or IncidentUpdate()).note)

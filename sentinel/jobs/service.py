@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import signal
+from dataclasses import dataclass
 from datetime import datetime
 
 from sqlalchemy import func, select
@@ -16,6 +17,17 @@ from sentinel.jobs.models import Job, Task
 from sentinel.jobs.schemas import JobCreate, TaskCreate, TaskOut
 from sentinel.nodes.models import Node
 from sentinel.telemetry.schemas import Assignment
+
+
+@dataclass(frozen=True)
+class ClosedTask:
+    """A task the report said has ended; `failure_reason` is '' when it exited with code 0."""
+
+    job_id: int
+    rank: int
+    pid: int
+    failure_reason: str
+    attempt: int = 0
 
 
 class JobNotFound(LookupError):

@@ -8,6 +8,8 @@ from __future__ import annotations
 import threading
 from array import array
 
+from sentinel.accelerators.schemas import AcceleratorOut
+from sentinel.clock import to_datetime
 from sentinel.telemetry.schemas import AcceleratorSample
 
 WINDOW_FIELDS = ("time", "utilization_ratio", "memory_used_bytes", "power_watts", "temperature_celsius",
@@ -94,6 +96,13 @@ class SampleStore:
     def latest(self, uuid: str) -> tuple[float, AcceleratorSample] | None:
         with self._lock:
             return self._latest.get(uuid)
+
+    def with_latest(self, out: AcceleratorOut) -> AcceleratorOut:
+        """An accelerator's answer with its latest sample and when it was taken (unchanged if none yet)."""
+        latest = self.latest(out.uuid)
+        if latest is None:
+            return out
+        return out.model_copy(update={"sampled_at": to_datetime(latest[0]), "latest": latest[1]})
 
     def window(self, uuid: str) -> RingWindow | None:
         with self._lock:

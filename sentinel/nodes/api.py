@@ -8,34 +8,33 @@ from typing import Annotated, Literal
 
 from fastapi import APIRouter, Body, Depends, HTTPException, Query, Request, Response
 from pydantic import ValidationError
-from sqlalchemy.orm import Session
+from sqlalchemy.orm import Session, sessionmaker
 from starlette.concurrency import run_in_threadpool
 
-from sentinel.accelerators.api import with_latest
 from sentinel.accelerators.schemas import AcceleratorOut
 from sentinel.audit.service import record
 from sentinel.auth.deps import AGENT, OPERATE, READ, allow, bearer_secret, check_node
-from sentinel.auth.service import Principal, bind_token_to_node
+from sentinel.auth.service import Principal, TokenCache, bind_token_to_node
 from sentinel.db import transaction
-from sentinel.deps import Offset, not_found, runtime
+from sentinel.deps import Commands, Live, Offset, Pipeline, Sessions, Tokens, not_found
 from sentinel.errors import CONFLICT, validation_problem
+from sentinel.live.view import LiveView
 from sentinel.nodes import service
 from sentinel.nodes.schemas import CordonRequest, InjectRequest, NodeDetail, NodeOut, RegistrationOut
 from sentinel.pipeline.ingest import IngestError
-from sentinel.runtime import Runtime
+from sentinel.pipeline.report import ReportPipeline
 from sentinel.telemetry.schemas import NodeCommand, NodeRegistration, NodeReport, ReportAck
 
 log = logging.getLogger("sentinel.nodes")
 router = APIRouter(prefix="/nodes", tags=["nodes"])
 
-RT = Annotated[Runtime, Depends(runtime)]
 
 
-def _detail(rt: Runtime, node: object, accelerators: list[object]) -> NodeDetail:
+def _detail(view: LiveView, node: object, accelerators: list[object]) -> NodeDetail:
     detail = NodeDetail.model_validate(node)
-    accs = [with_latest(rt, AcceleratorOut.model_validate(a).model_copy(update={"node": detail.name}))
+    accs = [view.samples.with_latest(AcceleratorOut.model_validate(a).model_copy(update={"node": detail.name}))
             for a in accelerators]
-    live = rt.fleet.get(detail.name)
+    live = view.fleet.get(detail.name)
     update: dict[str, object] = {"accelerators": accs}
     if live is not None:
         update |= {"state": live.state, "last_seq": max(live.last_seq, detail.last_seq)}
@@ -43,24 +42,21 @@ def _detail(rt: Runtime, node: object, accelerators: list[object]) -> NodeDetail
 
 
 @router.post("/register", response_model=RegistrationOut)
-def register(reg: NodeRegistration, rt: RT, who: Annotated[Principal, Depends(allow(AGENT))]) -> RegistrationOut:
+def register(reg: NodeRegistration, sessions: Sessions, pipeline: Pipeline, tokens: Tokens,
+             who: Annotated[Principal, Depends(allow(AGENT))]) -> RegistrationOut:
     """An agent token registers only nodes matching its binding; an unbound one is bound to this node."""
     unbound = who.node is None
     try:
-        with transaction(rt.factory) as session:
+        with transaction(sessions) as session:
             who = _bind_on_first_use(session, who, reg.name)
             check_node(who, reg.name)
-            node, accelerators = service.register_node(session, reg)
-            present = {a.uuid for a in accelerators if a.present}
-            live = rt.fleet.apply(node, present, last_seen=rt.clock.time())
-            for acc in accelerators:
-                rt.jobs.accelerators[acc.uuid] = (acc.model, acc.peak_flops, acc.memory_total_bytes)
-            detail = _detail(rt, node, list(accelerators))
+            node, accelerators, live = pipeline.register(session, reg)
+            detail = _detail(pipeline.live, node, list(accelerators))
     except service.AcceleratorConflict as exc:
         raise HTTPException(422, str(exc)) from exc
     finally:
         if unbound:  # after the commit: the cached principal predates its binding
-            rt.tokens.forget(who.token_id)
+            tokens.forget(who.token_id)
     log.info("node registered: node=%s accelerators=%d sources=%s by=%s", reg.name, len(reg.accelerators),
              ",".join(reg.sources), who.actor)
     return RegistrationOut(node=detail, last_seq=live.last_seq)
@@ -91,7 +87,7 @@ async def _allow_agent_async(request: Request) -> Principal:
     it would cost a thread-pool round trip per request; here only the token's database read (once per
     cache period per agent) goes to a worker thread, and the check itself runs on the event loop."""
     secret = bearer_secret(request)
-    tokens = request.app.state.runtime.tokens
+    tokens: TokenCache = request.app.state.runtime.tokens  # not `Tokens`: that dependency solving is the cost
     if secret is not None and not tokens.is_fresh(secret):
         await run_in_threadpool(tokens.refresh, secret)
     return _allow_agent(request)
@@ -115,91 +111,90 @@ async def post_report(node: str, request: Request, who: Annotated[Principal, Dep
     per report: the ingest receipt on (node, seq) is its record (audit/middleware.py). Served by
     `receive_report`; this route documents it in OpenAPI."""
     check_node(who, node)
-    rt: Runtime = request.app.state.runtime  # not `Depends(runtime)`: a sync dependency is a thread hop
+    pipeline: ReportPipeline = request.app.state.runtime.pipeline  # read directly: `receive_report` has no deps
     body = await request.body()
     try:
         report = NodeReport.model_validate_json(body)
     except ValidationError as exc:
-        rt.ingest.reject("invalid", 400, "")
+        pipeline.ingest.reject("invalid", 400, "")
         raise validation_problem(exc) from exc
     try:
-        outcome = await rt.ingest.accept(report, node)
+        outcome = await pipeline.receive(report, node)
     except IngestError as exc:
         raise HTTPException(exc.status, exc.message) from exc
     except Exception as exc:
         log.exception("report not stored: node=%s seq=%d", report.node, report.seq)
         raise HTTPException(503, "the report could not be stored; retry later") from exc
-    with rt.assignments_lock:
-        assignments = rt.assignments.get(outcome.live.id, [])
-    return ReportAck(status="duplicate" if outcome.duplicate else "accepted", node=node, seq=report.seq,
-                     assignments=assignments, commands=rt.commands.take(node))
+    return pipeline.ack(outcome, report, node)
 
 
 @router.get("", response_model=list[NodeOut], dependencies=[Depends(allow(READ))])
-def get_nodes(rt: RT, state: Literal["active", "cordoned", "draining", "down"] | None = None,
+def get_nodes(sessions: Sessions, live: Live, state: Literal["active", "cordoned", "draining", "down"] | None = None,
               limit: Annotated[int, Query(ge=1, le=20_000)] = 1000,
               offset: Offset = 0) -> list[NodeOut]:
-    with rt.factory() as session:
+    with sessions() as session:
         rows = service.list_nodes(session, limit=limit, offset=offset)
     out = []
     for row in rows:
         item = NodeOut.model_validate(row)
-        live = rt.fleet.get(item.name)
-        if live is not None:
-            item = item.model_copy(update={"state": live.state, "last_seq": max(live.last_seq, item.last_seq)})
+        found = live.fleet.get(item.name)
+        if found is not None:
+            item = item.model_copy(update={"state": found.state, "last_seq": max(found.last_seq, item.last_seq)})
         if state is None or item.state == state:
             out.append(item)
     return out
 
 
 @router.get("/{node}", response_model=NodeDetail, dependencies=[Depends(allow(READ))])
-def get_node(node: str, rt: RT) -> NodeDetail:
-    with rt.factory() as session:
+def get_node(node: str, sessions: Sessions, live: Live) -> NodeDetail:
+    with sessions() as session:
         try:
             row = service.get_node(session, node)
         except service.NodeNotFound as exc:
             raise not_found(exc) from exc
-        return _detail(rt, row, list(service.node_accelerators(session, row.id)))
+        return _detail(live, row, list(service.node_accelerators(session, row.id)))
 
 
-def _set_admin_state(rt: Runtime, node: str, admin_state: str, reason: str, who: Principal) -> NodeDetail:
-    with transaction(rt.factory) as session:
+def _set_admin_state(sessions: sessionmaker[Session], live: LiveView, node: str, admin_state: str, reason: str,
+                     who: Principal) -> NodeDetail:
+    with transaction(sessions) as session:
         try:
             row = service.get_node(session, node)
         except service.NodeNotFound as exc:
             raise not_found(exc) from exc
         service.set_admin_state(session, row, admin_state=admin_state, reason=reason, actor=who.actor)
         session.flush()
-        rt.fleet.apply(row)
-        detail = _detail(rt, row, list(service.node_accelerators(session, row.id)))
+        live.fleet.apply(row)
+        detail = _detail(live, row, list(service.node_accelerators(session, row.id)))
     log.info("node %s: node=%s by=%s reason=%r", admin_state, node, who.actor, reason)
     return detail
 
 
 @router.post("/{node}/cordon", response_model=NodeDetail)
-def cordon(node: str, rt: RT, who: Annotated[Principal, Depends(allow(OPERATE))],
+def cordon(node: str, sessions: Sessions, live: Live, who: Annotated[Principal, Depends(allow(OPERATE))],
            body: Annotated[CordonRequest | None, Body()] = None) -> NodeDetail:
-    return _set_admin_state(rt, node, "cordoned", (body or CordonRequest()).reason, who)
+    return _set_admin_state(sessions, live, node, "cordoned", (body or CordonRequest()).reason, who)
 
 
 @router.post("/{node}/uncordon", response_model=NodeDetail)
-def uncordon(node: str, rt: RT, who: Annotated[Principal, Depends(allow(OPERATE))],
+def uncordon(node: str, sessions: Sessions, live: Live, who: Annotated[Principal, Depends(allow(OPERATE))],
              body: Annotated[CordonRequest | None, Body()] = None) -> NodeDetail:
-    return _set_admin_state(rt, node, "active", (body or CordonRequest()).reason, who)
+    return _set_admin_state(sessions, live, node, "active", (body or CordonRequest()).reason, who)
 
 
 @router.post("/{node}/inject", response_model=NodeCommand, status_code=202, responses=CONFLICT)
-def inject(node: str, spec: InjectRequest, rt: RT, who: Annotated[Principal, Depends(allow(OPERATE))]) -> NodeCommand:
+def inject(node: str, spec: InjectRequest, sessions: Sessions, live: Live, commands: Commands,
+           who: Annotated[Principal, Depends(allow(OPERATE))]) -> NodeCommand:
     """A fault drill on a simulated accelerator; the agent picks it up at once (long-poll)."""
-    live = rt.fleet.get(node)
-    if live is None:
+    found = live.fleet.get(node)
+    if found is None:
         raise HTTPException(404, f"node {node!r} is not registered")
-    if not any(s.startswith("sim") for s in live.sources):
+    if not any(s.startswith("sim") for s in found.sources):
         raise HTTPException(409, f"node {node!r} has no simulated accelerators; drills run on `sim` sources only")
-    with transaction(rt.factory) as session:
+    with transaction(sessions) as session:
         record(session, actor=who.actor, action="node.inject", subject=f"node/{node}",
                detail=spec.model_dump())
-    command = rt.commands.push(node, kind="inject", accelerator_index=spec.accelerator_index, fault=spec.fault,
+    command = commands.push(node, kind="inject", accelerator_index=spec.accelerator_index, fault=spec.fault,
                                argument=spec.argument)
     log.info("fault drill queued: node=%s accelerator=%d fault=%s by=%s", node, spec.accelerator_index,
              spec.fault, who.actor)
@@ -207,11 +202,11 @@ def inject(node: str, spec: InjectRequest, rt: RT, who: Annotated[Principal, Dep
 
 
 @router.get("/{node}/commands", response_model=list[NodeCommand])
-async def commands(node: str, rt: RT, who: Annotated[Principal, Depends(allow(AGENT))],
+async def commands(node: str, live: Live, queue: Commands, who: Annotated[Principal, Depends(allow(AGENT))],
                    wait: Annotated[float, Query(ge=0, le=60)] = 0) -> list[NodeCommand]:
     check_node(who, node)
-    if rt.fleet.get(node) is None:
+    if live.fleet.get(node) is None:
         raise HTTPException(404, f"node {node!r} is not registered")
     if wait <= 0:
-        return rt.commands.take(node)
-    return await rt.commands.wait(node, wait)
+        return queue.take(node)
+    return await queue.wait(node, wait)

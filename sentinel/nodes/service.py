@@ -66,6 +66,12 @@ def fault_rates(session: Session, now: datetime) -> list[tuple[str, int, float]]
     return [(name, int(faults.get(name, 0)), days.get(name, 0.0)) for name in sorted(set(days) | set(faults))]
 
 
+def agent_urls(session: Session, names: set[str]) -> dict[str, str]:
+    """Each node's agent URL (its `agent_url` label; '' when it has none)."""
+    return {name: str((labels or {}).get("agent_url", "")) for name, labels in
+            session.execute(select(Node.name, Node.labels).where(Node.name.in_(names)))}
+
+
 def node_accelerators(session: Session, node_id: int) -> list[Accelerator]:
     return list(session.scalars(select(Accelerator).where(Accelerator.node_id == node_id)
                                 .order_by(Accelerator.present.desc(), Accelerator.index)))

@@ -1,5 +1,6 @@
-"""Accepting node reports: validate against what the node registered, deduplicate on (node, seq),
-store the receipt and events durably (group commit), then update the in-memory view.
+"""Stage 1 of the report pipeline (pipeline/report.py): accept a node report. Validate it against what the
+node registered, deduplicate on (node, seq), store the receipt and events durably (group commit), then
+mark it received in the fleet view and keep its samples. What follows a stored report is the pipeline's.
 """
 
 from __future__ import annotations
@@ -8,7 +9,7 @@ import asyncio
 import logging
 import threading
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, cast
 
 from sqlalchemy import Table, insert, select, update
@@ -16,7 +17,8 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from sentinel.clock import Clock, to_datetime
 from sentinel.events.models import Event
-from sentinel.jobs.service import record_task_exit
+from sentinel.events.service import EVENT_SEVERITY
+from sentinel.jobs.service import ClosedTask, record_task_exit
 from sentinel.live.fleet import Fleet, NodeLive
 from sentinel.live.samples import SampleStore
 from sentinel.nodes.models import Node
@@ -26,9 +28,6 @@ from sentinel.telemetry.schemas import NodeReport
 
 log = logging.getLogger("sentinel.ingest")
 
-EVENT_SEVERITY = {"xid": "critical", "ecc": "critical", "offline": "critical", "remap": "critical",
-                  "hang": "warning", "slow": "warning", "thermal": "warning", "power": "warning",
-                  "clear": "info", "probe": "info", "other": "info"}
 
 # Plain Core tables: the writer inserts a whole batch's rows with one executemany.
 RECEIPTS = cast(Table, ReportReceipt.__table__)
@@ -48,20 +47,7 @@ class IngestError(Exception):
 class Outcome:
     duplicate: bool
     live: NodeLive
-
-
-@dataclass(frozen=True)
-class ClosedTask:
-    """A task the report said has ended; `failure_reason` is '' when it exited with code 0."""
-
-    job_id: int
-    rank: int
-    pid: int
-    failure_reason: str
-    attempt: int = 0
-
-
-Listener = Callable[[NodeLive, NodeReport, list[ClosedTask]], None]
+    exits: list[ClosedTask] = field(default_factory=list)  # tasks this report closed (stored; none for a replay)
 
 
 class Ingest:
@@ -72,7 +58,6 @@ class Ingest:
         self.samples = samples
         self.clock = clock
         self.writer = writer
-        self.listeners: list[Listener] = []
         self.accepted_total = 0
         self.duplicates_total = 0
         self.rejected_total: dict[str, int] = {}
@@ -123,7 +108,7 @@ class Ingest:
                 live.pending.discard(seq)
             raise
         self._applied(live, report, now, coming_back, exits)
-        return Outcome(duplicate=False, live=live)
+        return Outcome(duplicate=False, live=live, exits=exits)
 
     async def _duplicate(self, live: NodeLive, seq: int) -> Outcome:
         # A replay of a report still being written waits for it, so its ack means "kept".
@@ -216,8 +201,3 @@ class Ingest:
         for closed in exits:
             log.warning("task ended: node=%s job=%d rank=%d pid=%d %s", live.name, closed.job_id, closed.rank,
                         closed.pid, closed.failure_reason or "succeeded")
-        for listener in self.listeners:
-            try:
-                listener(live, report, exits)
-            except Exception:
-                log.exception("ingest listener failed: node=%s seq=%d", live.name, report.seq)

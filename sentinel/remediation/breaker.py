@@ -21,6 +21,7 @@ from sentinel.config import Settings
 from sentinel.events.service import record_event
 from sentinel.remediation.models import BreakerState, Remediation
 from sentinel.remediation.placement import Inventory
+from sentinel.remediation.schemas import BreakerOut
 
 TAKES_OUT = ("quarantine_accelerator", "drain_node")
 
@@ -98,3 +99,14 @@ class Breaker:
         with self._lock:
             self.open = False
         return row
+
+    def status(self, session: Session, now: datetime) -> BreakerOut:
+        """Open or closed, why it tripped, and how close the last window is to the limit."""
+        s = self._settings
+        row = self.state(session)
+        total = len(Inventory.load(session).slots)
+        return BreakerOut(open=row.open, reason=row.reason, domain=row.domain, incident_id=row.incident_id,
+                          opened_at=row.opened_at, reset_at=row.reset_at, reset_by=row.reset_by,
+                          taken_in_window=self.taken_recently(session, now),
+                          limit=max(s.breaker_min_accelerators, s.breaker_share * total), accelerators=total,
+                          window_seconds=s.breaker_window_seconds)

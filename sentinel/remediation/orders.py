@@ -1,22 +1,15 @@
-"""Orders for launchers: stored in SQL (an order outlives a server restart), announced to long-pollers
-in memory, and pushed to a launcher's webhook when its job registered one (signed like alert webhooks:
-the body carries `sent_at` under the signature, so a launcher can refuse replays with
-`alerting.notifiers.webhook.verify_signature(..., max_age_seconds=...)`)."""
+"""Orders for launchers, in SQL (an order outlives a server restart): a new attempt for a job, its
+acknowledgement (`acknowledged` → `done` | `failed`, never backwards), and escalation of orders nobody took.
+How an order reaches its launcher (long-poll, signed webhook) is the launcher executor's
+(remediation/executors/launcher.py)."""
 
 from __future__ import annotations
 
-import asyncio
-import hashlib
-import hmac
-import json
 import logging
-import threading
-import time
 import uuid
 from datetime import datetime, timedelta
 from typing import Any
 
-import httpx
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
@@ -24,8 +17,8 @@ from sentinel.jobs.models import Job, Task
 from sentinel.remediation.models import Order
 
 log = logging.getLogger("sentinel.orders")
-SIGNATURE_HEADER = "X-Sentinel-Signature"
-TIMESTAMP_HEADER = "X-Sentinel-Timestamp"
+# an ack moves an order forward only: superseded ones cannot be acknowledged at all
+ACK_RANK = {"pending": 0, "superseded": 0, "acknowledged": 1, "done": 2, "failed": 2}
 
 
 def next_attempt(session: Session, job_id: int) -> int:
@@ -54,47 +47,37 @@ def create_order(session: Session, *, job: Job, kind: str, placement: list[dict[
     return order
 
 
-def sign(secret: str, body: bytes) -> str:
-    return "sha256=" + hmac.new(secret.encode(), body, hashlib.sha256).hexdigest()
+def order_dict(order: Order) -> dict[str, Any]:
+    """The order as its launcher gets it (webhook body, Action.order)."""
+    return {"id": order.id, "job_id": order.job_id, "kind": order.kind, "attempt": order.attempt,
+            "placement": order.placement, "reason": order.reason, "incident_id": order.incident_id,
+            "state": order.state, "created_at": order.created_at.isoformat(),
+            "deadline_at": order.deadline_at.isoformat()}
 
 
-class OrderBoard:
-    """Who is waiting for a job's orders, and the webhook push."""
+class OrderSuperseded(ValueError):
+    """A newer order for the same job replaced this one: the launcher must act on the newer one."""
 
-    def __init__(self) -> None:
-        self._waiters: dict[int, list[tuple[asyncio.AbstractEventLoop, asyncio.Event]]] = {}
-        self._lock = threading.Lock()
 
-    def announce(self, job_id: int) -> None:
-        with self._lock:
-            waiters = self._waiters.pop(job_id, [])
-        for loop, event in waiters:
-            loop.call_soon_threadsafe(event.set)
+def acknowledge(order: Order, *, status: str, detail: str, actor: str, now: datetime) -> bool:
+    """Apply a launcher's ack; True when it moved the order forward (a repeat or a step back is a no-op)."""
+    if order.state == "superseded":
+        raise OrderSuperseded(f"order {order.id} was superseded by a newer order for job {order.job_id}")
+    if ACK_RANK[status] <= ACK_RANK[order.state]:
+        return False
+    order.state = status
+    order.acknowledged_at = order.acknowledged_at or now
+    order.acknowledged_by = order.acknowledged_by or actor
+    order.result = detail or order.result
+    return True
 
-    async def wait(self, job_id: int, timeout_seconds: float) -> None:
-        event = asyncio.Event()
-        with self._lock:
-            self._waiters.setdefault(job_id, []).append((asyncio.get_running_loop(), event))
-        try:
-            await asyncio.wait_for(event.wait(), timeout_seconds)
-        except TimeoutError:
-            pass
-        finally:
-            with self._lock:
-                self._waiters[job_id] = [w for w in self._waiters.get(job_id, []) if w[1] is not event]
 
-    @staticmethod
-    def push_webhook(url: str, secret: str, order: dict[str, Any], timeout: float = 5.0,
-                     sent_at: float | None = None) -> str:
-        """POST the order to the launcher's webhook; returns '' on 2xx, else what went wrong (no secrets)."""
-        stamp = int(time.time() if sent_at is None else sent_at)
-        body = json.dumps({"order": order, "sent_at": stamp}, default=str).encode()
-        headers = {"Content-Type": "application/json", "Idempotency-Key": str(order["id"]),
-                   TIMESTAMP_HEADER: str(stamp)}
-        if secret:
-            headers[SIGNATURE_HEADER] = sign(secret, body)
-        try:
-            response = httpx.post(url, content=body, headers=headers, timeout=timeout)
-        except httpx.HTTPError as exc:
-            return f"webhook unreachable: {type(exc).__name__}"
-        return "" if response.is_success else f"webhook answered {response.status_code}"
+def late_orders(session: Session, now: datetime, ack_seconds: float) -> list[tuple[int | None, str]]:
+    """Pending orders past their deadline, each escalated once: (incident, timeline line)."""
+    late: list[tuple[int | None, str]] = []
+    for order in session.scalars(select(Order).where(Order.state == "pending", Order.escalated.is_(False),
+                                                     Order.deadline_at < now)):
+        order.escalated = True
+        late.append((order.incident_id, f"order {order.id} for job {order.job_id} was not acknowledged within "
+                                        f"{ack_seconds:g}s: is its launcher running?"))
+    return late

@@ -13,7 +13,7 @@ from sentinel.alerting import notifiers
 from sentinel.alerting.notifiers import webhook
 from sentinel.alerting.notifiers.webhook import REPLAY_TOLERANCE_SECONDS, sign, verify_signature
 from sentinel.config import ReceiverConfig
-from sentinel.remediation.orders import OrderBoard
+from sentinel.remediation.executors.launcher import OrderBoard
 from tests.alerting.alerting_helpers import LoopbackReceiver, Recorded, incident
 
 SECRET = "hmac-secret-for-tests"

@@ -15,7 +15,6 @@ from sentinel.config import Settings
 from sentinel.detection.base import Detector, Evaluation
 from sentinel.incidents.findings import Finding, Subject
 from sentinel.runtime import Runtime
-from sentinel.scheduler import liveness
 from tests.conftest import FakeClock, bearer, stop_app
 from tests.factories import registration, report
 
@@ -135,7 +134,7 @@ def test_heartbeat_loss_opens_an_incident_and_it_resolves_after_hysteresis(clien
                                                                          clock: FakeClock):
     post(client, agent, report(seq=1, interval=1.0))
     clock.advance(3.5)
-    liveness(rt(client))
+    rt(client).check_liveness()
     [one] = incidents(client, admin_token)
     assert (one["detector"], one["node"], one["severity"]) == ("heartbeat", "node-a", "warning")
     assert "3.5 of its 1s intervals" in one["seen"]
@@ -164,7 +163,7 @@ def test_a_partition_is_one_fleet_wide_incident_not_one_per_node(client, make_to
     clock.advance(2.0)
     for i in range(4):
         post(client, agent, report(node=f"n{i}", seq=3, accelerators=1, interval=1.0))
-    liveness(rt(client))
+    rt(client).check_liveness()
     rt(client).detection.evaluate()
     [one] = incidents(client, admin_token)
     assert one["detector"] == "heartbeat" and one["node"] is None and one["severity"] == "critical"
@@ -283,7 +282,7 @@ def test_an_event_the_last_leader_acknowledged_but_never_opened_is_opened_by_the
     post(client, agent, report(seq=1, events=[xid(79, at=clock.time() - 0.2)], interval=1.0))
     [handled] = incidents(client, admin_token)
     runtime = rt(client)
-    runtime.ingest.listeners.remove(runtime.detection.on_report)  # acknowledges, then "dies" before the incident
+    runtime.pipeline.detect = lambda live, report, exits: None  # acknowledges, then "dies" before the incident
     post(client, agent, report(seq=2, events=[xid(48, "SIM-node-a-1", at=clock.time() - 0.1)], interval=1.0))
     assert [i["id"] for i in incidents(client, admin_token)] == [handled["id"]]
     stop_app(client)

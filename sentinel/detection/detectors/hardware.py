@@ -6,8 +6,8 @@ from datetime import UTC, datetime
 
 from sentinel.detection.base import DetectionContext, Detector, register
 from sentinel.incidents.findings import Finding, Subject
+from sentinel.jobs.service import ClosedTask
 from sentinel.live.fleet import NodeLive
-from sentinel.pipeline.ingest import ClosedTask
 from sentinel.telemetry.schemas import NodeReport
 
 

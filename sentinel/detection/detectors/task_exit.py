@@ -5,9 +5,8 @@ from __future__ import annotations
 
 from sentinel.detection.base import DetectionContext, Detector, register
 from sentinel.incidents.findings import Finding, OpenIncident, Subject
-from sentinel.jobs.service import describe_exit
+from sentinel.jobs.service import ClosedTask, describe_exit
 from sentinel.live.fleet import NodeLive
-from sentinel.pipeline.ingest import ClosedTask
 from sentinel.telemetry.schemas import NodeReport
 
 CORRELATE_SECONDS = 120.0  # a hardware fault on the node this recently is the likelier cause

@@ -1,9 +1,12 @@
 """What an executor is: the part that makes a remediation happen in the world the job runs in.
 
-The remediation engine decides (quarantine this accelerator, drain that node, move these jobs);
-an executor carries it out in its scheduler's terms. The local executor speaks through orders to
-launchers; Slurm drains and requeues; Kubernetes cordons and evicts. Executors are plugins:
-`register` a class, name it in `settings.executors`.
+The remediation engine decides (quarantine this accelerator, drain that node, move these jobs, restart
+that job as a new attempt); an executor carries it out in its own terms and says what it did in one line.
+Every order goes through one: the launcher executor delivers it to the job's launcher (long-poll and
+signed webhook, always on); the local executor (`sentinel launch`, sentinel/launcher/local.py) carries it
+out on this machine's processes; Slurm drains and requeues; Kubernetes cordons and evicts. Each declares
+the action kinds it `handles` and gets only those. Executors are plugins: `register` a class, name it in
+`settings.executors` (the launcher executor needs no naming).
 """
 
 from __future__ import annotations
@@ -12,7 +15,8 @@ from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Literal
 
-ActionKind = Literal["drain_node", "release_node", "move_work"]
+ActionKind = Literal["drain_node", "release_node", "move_work", "order"]
+ACTION_KINDS: frozenset[str] = frozenset({"drain_node", "release_node", "move_work", "order"})
 
 
 @dataclass(frozen=True)
@@ -29,7 +33,9 @@ class JobRef:
 @dataclass(frozen=True)
 class Action:
     """drain_node: stop new work landing on `node` (Slurm DRAIN, Kubernetes cordon).
-    release_node: undo that. move_work: get `jobs` off `accelerators` on `node` (requeue, evict)."""
+    release_node: undo that. move_work: get `jobs` off `accelerators` on `node` (requeue, evict).
+    order: restart the one job in `jobs` as the new attempt `order` describes (its placement, its kind:
+    `restart`, or `replace_replica` for serving); `node` is the first node of its placement."""
 
     kind: ActionKind
     node: str
@@ -37,6 +43,7 @@ class Action:
     accelerators: tuple[str, ...] = ()
     jobs: tuple[JobRef, ...] = ()
     incident_id: int | None = None
+    order: dict[str, Any] | None = None  # for `order`: the order as its launcher gets it (orders.order_dict)
 
 
 @dataclass(frozen=True)
@@ -47,6 +54,7 @@ class Outcome:
 
 class Executor(ABC):
     name: ClassVar[str] = ""
+    handles: ClassVar[frozenset[str]] = frozenset()  # the action kinds it carries out
 
     def __init__(self, options: dict[str, Any] | None = None):
         self.options = options or {}
@@ -62,5 +70,7 @@ EXECUTORS: dict[str, type[Executor]] = {}
 def register(cls: type[Executor]) -> type[Executor]:
     if not cls.name:
         raise ValueError(f"{cls.__name__} has no name")
+    if not cls.handles or not cls.handles <= ACTION_KINDS:
+        raise ValueError(f"{cls.__name__} must handle some of {', '.join(sorted(ACTION_KINDS))}")
     EXECUTORS[cls.name] = cls
     return cls

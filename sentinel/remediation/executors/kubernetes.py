@@ -207,6 +207,7 @@ class KubernetesExecutor(Executor):
     grace_period_seconds (pod's own when unset), gpu_resource, node_map, timeout_seconds (10)."""
 
     name = "kubernetes"
+    handles = frozenset({"drain_node", "release_node", "move_work"})
 
     def __init__(self, options: dict[str, Any] | None = None):
         super().__init__(options)

@@ -68,6 +68,7 @@ def job_field(show_job_line: str, key: str) -> str:
 @register
 class SlurmExecutor(Executor):
     name = "slurm"
+    handles = frozenset({"drain_node", "release_node", "move_work"})
 
     def __init__(self, options: dict[str, Any] | None = None):
         super().__init__(options)

@@ -1,0 +1,55 @@
+"""The live layer as one object: every in-memory view the leader keeps, and how it is rebuilt on taking the lead.
+
+| part          | module         | what it holds                                           | fed by               |
+| ------------- | -------------- | ------------------------------------------------------- | -------------------- |
+| `fleet`       | fleet.py       | each node's state, last seq and last report (liveness)  | registration, ingest |
+| `samples`     | samples.py     | each accelerator's latest sample and a short window     | ingest               |
+| `jobs`        | jobs.py        | each job's per-rank step windows, failures, lost steps  | task telemetry, exits|
+| `assignments` | assignments.py | which tasks run on each node                            | task start and exit  |
+| `checkpoints` | checkpoints.py | recent checkpoint commits per job                       | shard registration   |
+| `faults`      | faults.py      | recent hardware faults per accelerator and node         | hardware events      |
+
+`liveness.py` is the periodic upkeep of `fleet` (silent nodes marked down, last-seen flushed in batches).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from sqlalchemy.orm import Session, sessionmaker
+
+from sentinel.live.assignments import Assignments
+from sentinel.live.checkpoints import CheckpointLedger
+from sentinel.live.faults import FaultHistory
+from sentinel.live.fleet import Fleet
+from sentinel.live.jobs import JobTelemetry
+from sentinel.live.samples import SampleStore
+
+
+@dataclass
+class LiveView:
+    fleet: Fleet
+    samples: SampleStore
+    jobs: JobTelemetry
+    assignments: Assignments
+    checkpoints: CheckpointLedger
+    faults: FaultHistory
+
+    @classmethod
+    def empty(cls, factory: sessionmaker[Session], *, window_samples: int) -> LiveView:
+        return cls(fleet=Fleet(), samples=SampleStore(window_samples), jobs=JobTelemetry(),
+                   assignments=Assignments(factory), checkpoints=CheckpointLedger(), faults=FaultHistory())
+
+    def load(self, session: Session, now: float) -> None:
+        """Rebuild every part from SQL (on taking the lead; the samples window refills from the next reports)."""
+        self.fleet.load(session, now=now)
+        self.assignments.load(session)
+        self.jobs.load(session)
+        self.faults.load(session, now=now)
+        self.checkpoints.load(session)
+
+    def shard_registered(self, job_id: int, step: int, rank: int, attempt: int, *, world_size: int, committed: bool,
+                         at: float) -> None:
+        """After a checkpoint shard's commit: the ledger learns it, and the rank's attempt got at least that far."""
+        self.checkpoints.shard(job_id, step, rank, world_size=world_size, committed=committed, at=at)
+        self.jobs.saved(job_id, rank, attempt, step)

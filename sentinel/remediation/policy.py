@@ -1,0 +1,108 @@
+"""What remediation does about an incident, as data (DESIGN §4, §6). Pure: no session, no clock, no I/O.
+
+The fault catalog gives every finding a recommended action (`Finding.action`); `DECISIONS` says how that
+action is carried out and what it needs to be possible; `decide` applies it to what is known of one
+incident. The other functions here are the rules a flow applies once it runs (remediation/service.py).
+
+| recommended action                  | flow                 | needs                      |
+| ----------------------------------- | -------------------- | -------------------------- |
+| reset_accelerator, quarantine       | take out accelerator | the accelerator            |
+| restart_node, drain_node            | take out node        | the node                   |
+| page (a fleet-wide finding)         | fleet-wide           | the nodes it names         |
+| probe (statistical evidence)        | probe first          | the accelerator            |
+| restart_task                        | restart the job      | the job                    |
+| record, or anything else            | nothing              |                            |
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import Literal
+
+Flow = Literal["take_out_accelerator", "take_out_node", "fleet_wide", "probe", "restart_job", "nothing"]
+
+DECISIONS: dict[str, Flow] = {
+    "reset_accelerator": "take_out_accelerator",
+    "quarantine": "take_out_accelerator",
+    "restart_node": "take_out_node",
+    "drain_node": "take_out_node",
+    "page": "fleet_wide",
+    "probe": "probe",
+    "restart_task": "restart_job",
+    "record": "nothing",
+}
+SERVING_KINDS = frozenset({"serving"})
+FINISHED_JOB_STATES = frozenset({"succeeded", "cancelled"})
+
+
+@dataclass(frozen=True)
+class Facts:
+    """What is known of an incident when remediation decides (read from SQL by the engine)."""
+
+    action: str  # the finding's recommended action
+    detector: str
+    node: str | None = None
+    accelerator: str | None = None
+    job_id: int | None = None
+    node_accelerators: tuple[str, ...] = ()  # present accelerators of `node`
+    wide_nodes: tuple[str, ...] = ()  # the nodes a fleet-wide finding names
+    wide_accelerators: tuple[str, ...] = ()  # their present accelerators
+
+
+@dataclass(frozen=True)
+class Decision:
+    flow: Flow
+    accelerators: tuple[str, ...] = ()
+    drain: str | None = None  # the node to drain as well
+    nodes: tuple[str, ...] = ()
+    job_id: int | None = None
+    after_failure: bool = False  # restart only if a task of the latest attempt failed (a task exit)
+
+
+NOTHING = Decision("nothing")
+
+
+def decide(facts: Facts) -> Decision:
+    """The table applied: a flow whose subject is unknown (no accelerator, node or job) does nothing."""
+    flow = DECISIONS.get(facts.action, "nothing")
+    if flow == "take_out_accelerator" and facts.accelerator:
+        return Decision(flow, accelerators=(facts.accelerator,))
+    if flow == "take_out_node" and facts.node:
+        return Decision(flow, accelerators=facts.node_accelerators, drain=facts.node)
+    if flow == "fleet_wide" and facts.wide_nodes:
+        return Decision(flow, accelerators=facts.wide_accelerators, nodes=facts.wide_nodes)
+    if flow == "probe" and facts.accelerator:
+        return Decision(flow, accelerators=(facts.accelerator,))
+    if flow == "restart_job" and facts.job_id is not None:
+        return Decision(flow, job_id=facts.job_id, after_failure=facts.detector == "task_exit")
+    return NOTHING
+
+
+def ranks_to_replace(current: Mapping[int, Iterable[str]], bad: set[str], usable: set[str]) -> frozenset[int]:
+    """Ranks that must move: on an accelerator being taken out, or on one no longer usable (not free)."""
+    return frozenset(rank for rank, uuids in current.items()
+                     if any(u in bad or u not in usable for u in uuids))
+
+
+def order_kind(job_kind: str) -> str:
+    """A serving replica is replaced (drain, start the replacement, stop the old); anything else restarts."""
+    return "replace_replica" if job_kind in SERVING_KINDS else "restart"
+
+
+def restart_wanted(*, after_failure: bool, failed_in_latest: int, newer_orders: int) -> bool:
+    """Restart in place unless a newer attempt is already ordered, or (after a task exit) the exits are of an
+    attempt being replaced (no task of the latest attempt failed)."""
+    return not newer_orders and not (after_failure and not failed_in_latest)
+
+
+def within_migration_limit(restarts_last_hour: int, limit: int) -> bool:
+    """A job restarted `limit` times within the hour is left for a person: the cause follows it."""
+    return restarts_last_hour < limit
+
+
+def probe_verdict(value: float | None, threshold: float) -> Literal["quarantine", "healthy", "unavailable"]:
+    """A probe below `threshold` of the accelerator's expected rate confirms the suspicion."""
+    if value is None:
+        return "unavailable"
+    return "quarantine" if value < threshold else "healthy"
