@@ -60,12 +60,21 @@ def register(name: str, factory: Factory) -> None:
     _FACTORIES[name] = factory
 
 
-def create(spec: str, node: str) -> Collector:
-    """Build a source from its spec: `host`, `nvml`, `sim:4`."""
+def _import_builtin_sources() -> None:
     import collectors.host
     import collectors.nvml
     import collectors.sim  # noqa: F401 - the built-in sources register themselves on import
 
+
+def registered() -> list[str]:
+    """The source names `create` accepts (the part of a spec before the colon), sorted."""
+    _import_builtin_sources()
+    return sorted(_FACTORIES)
+
+
+def create(spec: str, node: str) -> Collector:
+    """Build a source from its spec: `host`, `nvml`, `sim:4`."""
+    _import_builtin_sources()
     name, _, argument = spec.partition(":")
     if name not in _FACTORIES:
         known = ", ".join(sorted(_FACTORIES))

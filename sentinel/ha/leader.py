@@ -1,6 +1,6 @@
 """Who leads: one server runs detectors, notifiers and remediation; the others stand by and serve reads.
 
-Two implementations of one small interface:
+Two implementations of one small interface, registered in `LOCKS` by the database URL's scheme:
 - `SoleLeader` — SQLite (one server per database file): always the leader.
 - `PostgresLeader` — a session-level PostgreSQL advisory lock held on a connection of its own. The lock
   lives exactly as long as that connection: when the leader dies (kill -9, a crash, a lost host), its
@@ -19,7 +19,7 @@ import logging
 import threading
 from abc import ABC, abstractmethod
 from collections.abc import Callable
-from typing import Any
+from typing import Any, ClassVar
 
 from sqlalchemy import create_engine, text
 from sqlalchemy.engine import Connection, Engine
@@ -34,7 +34,19 @@ def lock_key(name: str) -> int:
 
 
 class LeaderLock(ABC):
-    """`try_acquire()` → held now?; `confirm()` → still held?; `release()`; `holder()` for logs."""
+    """`try_acquire()` → held now?; `confirm()` → still held?; `release()`; `holder()` for logs.
+
+    `exclusive`: a second lock on the same database and key is refused while this one is held. Only an
+    implementation for a database that one server uses alone (SQLite) declares False.
+    tests/contracts/test_leader_lock_contract.py holds every registered implementation to this.
+    """
+
+    exclusive: ClassVar[bool] = True
+
+    @classmethod
+    @abstractmethod
+    def for_database(cls, url: str, *, key: int, server_name: str) -> LeaderLock:
+        """The lock on `key` in the database at `url`, for the server called `server_name` (`make_lock`)."""
 
     @abstractmethod
     def try_acquire(self) -> bool: ...
@@ -51,14 +63,25 @@ class LeaderLock(ABC):
 
 
 class SoleLeader(LeaderLock):
+    exclusive = False  # one server per SQLite file: there is nobody to exclude
+
+    def __init__(self) -> None:
+        self._held = False
+
+    @classmethod
+    def for_database(cls, url: str, *, key: int, server_name: str) -> SoleLeader:
+        return cls()
+
     def try_acquire(self) -> bool:
+        self._held = True
         return True
 
     def confirm(self) -> bool:
-        return True
+        """Held from `try_acquire()` until `release()`: a released lock is not confirmed."""
+        return self._held
 
     def release(self) -> None:
-        return None
+        self._held = False
 
 
 # TCP keepalives: a leader whose host vanished (not just its process) is noticed by PostgreSQL within
@@ -73,6 +96,10 @@ class PostgresLeader(LeaderLock):
         self._key = key
         self._name = server_name
         self._conn: Connection | None = None
+
+    @classmethod
+    def for_database(cls, url: str, *, key: int, server_name: str) -> PostgresLeader:
+        return cls(url, key=key, server_name=server_name)
 
     def _parts(self) -> dict[str, int]:
         """pg_locks shows a bigint key as two unsigned 32-bit halves (classid, objid)."""
@@ -148,10 +175,20 @@ class PostgresLeader(LeaderLock):
         return str(name).removeprefix("sentinel:") if name else None
 
 
+# Lock implementations by database URL scheme (the part before `+driver`). A new one registers here and
+# gets the contract suite (tests/contracts/test_leader_lock_contract.py).
+LOCKS: dict[str, type[LeaderLock]] = {"sqlite": SoleLeader, "postgresql": PostgresLeader}
+
+
+def url_scheme(url: str) -> str:
+    """`postgresql+psycopg://…` → `postgresql`; `sqlite:///…` → `sqlite`."""
+    return url.split(":", 1)[0].split("+", 1)[0]
+
+
 def make_lock(url: str, *, key_name: str, server_name: str) -> LeaderLock:
-    if url.startswith("postgresql"):
-        return PostgresLeader(url, key=lock_key(key_name), server_name=server_name)
-    return SoleLeader()
+    """The registered lock for the URL's scheme; any other scheme gets `SoleLeader`, as one server alone."""
+    implementation = LOCKS.get(url_scheme(url), SoleLeader)
+    return implementation.for_database(url, key=lock_key(key_name), server_name=server_name)
 
 
 class Elector:

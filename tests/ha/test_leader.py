@@ -1,4 +1,6 @@
-"""The leader lock on a real PostgreSQL, and clients failing over between real HTTP servers."""
+"""The Elector and a standby server on a real PostgreSQL, and clients failing over between real HTTP servers.
+
+What every leader lock must do is tests/contracts/test_leader_lock_contract.py."""
 
 from __future__ import annotations
 
@@ -17,11 +19,9 @@ from sqlalchemy import create_engine, text
 from sentinel.app import create_app
 from sentinel.config import Settings
 from sentinel.ha.failover import ROLE_HEADER, failover_client, parse_servers
-from sentinel.ha.leader import Elector, PostgresLeader, SoleLeader, lock_key
+from sentinel.ha.leader import Elector, PostgresLeader, lock_key
 from tests.conftest import bearer, fresh_postgres_database
 from tests.live import free_port
-
-pytestmark = pytest.mark.postgres
 
 
 @pytest.fixture
@@ -33,19 +33,7 @@ def lock(url: str, name: str) -> PostgresLeader:
     return PostgresLeader(url, key=lock_key("test"), server_name=name)
 
 
-def test_one_holder_at_a_time_and_the_lock_frees_with_its_connection(pg_url):
-    a, b = lock(pg_url, "a"), lock(pg_url, "b")
-    try:
-        assert a.try_acquire() and a.confirm()
-        assert not b.try_acquire() and not b.confirm()
-        assert b.holder() == "a"
-        a.release()
-        assert b.try_acquire() and b.confirm() and a.holder() == "b"
-    finally:
-        a.release()
-        b.release()
-
-
+@pytest.mark.postgres
 def test_a_leader_whose_connection_is_killed_notices_and_a_standby_takes_over(pg_url):
     events: list[str] = []
     a = Elector(lock(pg_url, "a"), check_seconds=60, on_lead=lambda: events.append("a leads"),
@@ -76,11 +64,7 @@ def test_a_leader_whose_connection_is_killed_notices_and_a_standby_takes_over(pg
         b.stop()
 
 
-def test_sqlite_has_one_server_and_it_always_leads():
-    lead = SoleLeader()
-    assert lead.try_acquire() and lead.confirm()
-
-
+@pytest.mark.postgres
 def test_a_second_app_on_the_same_postgres_stands_by_serves_reads_and_refuses_writes(tmp_path, pg_url):
     first = Settings(data_dir=tmp_path / "a", database_url=pg_url, leader_check_seconds=0.2)
     second = Settings(data_dir=tmp_path / "b", database_url=pg_url, leader_check_seconds=0.2)
