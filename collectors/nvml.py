@@ -95,9 +95,8 @@ def event_from_nvml(
         return None
     if xid is not None and not 0 <= xid <= MAX_XID:
         xid = None  # kept in the message; the wire field is bounded
-    return HardwareEvent(
-        kind=kind, accelerator_uuid=accelerator_uuid, xid=xid, message=message, observed_at=observed_at
-    )
+    return HardwareEvent(kind=kind, accelerator_uuid=accelerator_uuid, xid=xid, message=message,
+                         observed_at=observed_at)
 
 
 def _import_pynvml() -> Any:
@@ -200,17 +199,9 @@ class NvmlCollector(Collector):
         return devices
 
     def accelerators(self) -> list[AcceleratorInfo]:
-        return [
-            AcceleratorInfo(
-                uuid=device.uuid,
-                index=device.index,
-                model=device.model,
-                memory_total_bytes=device.memory_total_bytes,
-                source="nvml",
-                simulated=False,
-            )
-            for device in self._devices
-        ]
+        return [AcceleratorInfo(uuid=device.uuid, index=device.index, model=device.model, source="nvml",
+                                memory_total_bytes=device.memory_total_bytes, simulated=False)
+                for device in self._devices]
 
     def _query(self, device: _Device, function: str, *args: Any) -> Any:
         """Call one NVML getter on the device; None when NVML refuses it, logged once per kind."""
@@ -293,10 +284,8 @@ class NvmlCollector(Collector):
 
     def _retired_pages(self, device: _Device) -> int | None:
         """Pages retired for either cause (pre-Ampere boards; newer ones remap rows instead)."""
-        causes = (
-            self._nvml.NVML_PAGE_RETIREMENT_CAUSE_MULTIPLE_SINGLE_BIT_ECC_ERRORS,
-            self._nvml.NVML_PAGE_RETIREMENT_CAUSE_DOUBLE_BIT_ECC_ERROR,
-        )
+        causes = (self._nvml.NVML_PAGE_RETIREMENT_CAUSE_MULTIPLE_SINGLE_BIT_ECC_ERRORS,
+                  self._nvml.NVML_PAGE_RETIREMENT_CAUSE_DOUBLE_BIT_ECC_ERROR)
         pages = [self._query(device, "nvmlDeviceGetRetiredPages", cause) for cause in causes]
         return None if any(p is None for p in pages) else sum(len(p) for p in pages)
 
@@ -317,10 +306,8 @@ class NvmlCollector(Collector):
         """A lost GPU needs a reset and a new NVML session, so it is reported offline once and dropped."""
         device.lost = True
         log.warning("nvml: %s is gone: %s", device.uuid, reason)
-        message = f"NVML lost the device: {reason}"
-        self._send(
-            HardwareEvent(kind="offline", accelerator_uuid=device.uuid, message=message, observed_at=self._clock())
-        )
+        self._send(HardwareEvent(kind="offline", accelerator_uuid=device.uuid, observed_at=self._clock(),
+                                 message=f"NVML lost the device: {reason}"))
 
     def _send(self, event: HardwareEvent) -> None:
         """A failing sink must not stop the watcher; without one (start not called) the event is logged."""
@@ -376,9 +363,8 @@ class NvmlCollector(Collector):
 
     def _handle_event(self, data: Any) -> None:
         device = self._by_handle.get(_handle_key(data.device)) if data.device else None
-        event = event_from_nvml(
-            int(data.eventType), int(data.eventData), device.uuid if device else None, self._clock()
-        )
+        event = event_from_nvml(int(data.eventType), int(data.eventData), device.uuid if device else None,
+                                self._clock())
         if event is None:
             return
         if event.kind == "xid" and device is not None:

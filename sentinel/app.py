@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import gc
 import logging
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
+from collections.abc import AsyncIterator, Callable
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
 
 from fastapi import APIRouter, Depends, FastAPI, Request, Response
 from fastapi.responses import JSONResponse, PlainTextResponse
-from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 from sqlalchemy import text
 from starlette.types import ASGIApp, Receive, Scope, Send
 
@@ -17,6 +17,7 @@ from sentinel import __version__, errors
 from sentinel.accelerators.api import fleet_router
 from sentinel.accelerators.api import router as accelerators_router
 from sentinel.alerting.api import router as alerting_router
+from sentinel.audit.api import router as audit_router
 from sentinel.audit.middleware import AuditCalls
 from sentinel.auth.api import router as tokens_router
 from sentinel.auth.deps import READ, allow
@@ -68,7 +69,26 @@ def create_app(settings: Settings, clock: Clock | None = None, *, migrate: bool 
         sessions=runtime.factory, clock=runtime.clock, live=runtime.live, ingest=runtime.ingest,
         incidents=runtime.incidents, dispatcher=runtime.dispatcher, remediation=runtime.remediation,
         tokens=runtime.tokens, plugin_errors=runtime.plugin_errors, leading=lambda: runtime.leading))
+    app = FastAPI(title="Sentinel", version=__version__, lifespan=_lifespan(runtime, migrate, run_scheduler),
+                  description="Cluster observability and fault tolerance for accelerator clusters.")
+    app.state.runtime = runtime
+    app.state.registry = registry
+    errors.install(app)
+    app.add_middleware(errors.BodyLimit, max_bytes=settings.max_body_bytes)
+    app.add_middleware(AuditCalls)  # an audit entry for every state-changing call (audit/middleware.py)
+    app.add_middleware(StandbyGuard, runtime=runtime)
+    api = APIRouter(prefix="/api/v1")
+    for router in (nodes_router, accelerators_router, fleet_router, jobs_router, events_router, audit_router,
+                   tokens_router, incidents_router, alerting_router, remediation_router, checkpoints_router):
+        api.include_router(router)
+    app.include_router(api)
+    app.include_router(ui_router)  # the status page: /ui
+    _health_routes(app, runtime, settings, registry)
+    return app
 
+
+def _lifespan(runtime: Runtime, migrate: bool, run_scheduler: bool
+              ) -> Callable[[FastAPI], AbstractAsyncContextManager[None]]:
     @asynccontextmanager
     async def lifespan(_app: FastAPI) -> AsyncIterator[None]:
         runtime.start(migrate=migrate)
@@ -88,21 +108,11 @@ def create_app(settings: Settings, clock: Clock | None = None, *, migrate: bool 
                 scheduler.shutdown(wait=False)
             runtime.stop()
 
-    app = FastAPI(title="Sentinel", version=__version__, lifespan=lifespan,
-                  description="Cluster observability and fault tolerance for accelerator clusters.")
-    app.state.runtime = runtime
-    app.state.registry = registry
-    errors.install(app)
-    app.add_middleware(errors.BodyLimit, max_bytes=settings.max_body_bytes)
-    app.add_middleware(AuditCalls)  # an audit entry for every state-changing call (audit/middleware.py)
-    app.add_middleware(StandbyGuard, runtime=runtime)
+    return lifespan
 
-    api = APIRouter(prefix="/api/v1")
-    for router in (nodes_router, accelerators_router, fleet_router, jobs_router, events_router, tokens_router,
-                   incidents_router, alerting_router, remediation_router, checkpoints_router):
-        api.include_router(router)
-    app.include_router(api)
-    app.include_router(ui_router)  # the status page: /ui
+
+def _health_routes(app: FastAPI, runtime: Runtime, settings: Settings, registry: CollectorRegistry) -> None:
+    """/healthz, /readyz (no token) and /metrics (a viewer token unless `metrics_require_token` is off)."""
 
     @app.get("/healthz", tags=["health"])
     def healthz() -> dict[str, str]:
@@ -131,5 +141,3 @@ def create_app(settings: Settings, clock: Clock | None = None, *, migrate: bool 
                               "content": {CONTENT_TYPE_LATEST: {"schema": {"type": "string"}}}}})
     def metrics() -> Response:
         return Response(generate_latest(registry), media_type=CONTENT_TYPE_LATEST)
-
-    return app

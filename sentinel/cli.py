@@ -225,7 +225,20 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="sentinel", description=__doc__)
     parser.add_argument("--config", default=None, help="TOML file with a [sentinel] table")
     sub = parser.add_subparsers(dest="command", required=True)
+    _server_parsers(sub)
+    auth_cli.add_parsers(sub, _remote)  # token create|list|revoke, audit
+    _collector_parser(sub)
+    _read_parsers(sub)
+    incidents_cli.add_parsers(sub, _remote)
+    grafana_cli.add_parser(sub, _remote)
+    simulate.add_parser(sub, _remote)
+    _launch_parser(sub)
+    _operator_parsers(sub)
+    _demo_parser(sub)
+    return parser
 
+
+def _server_parsers(sub: Any) -> None:
     p = sub.add_parser("server", help="run the central service")
     p.add_argument("--host", default=None)
     p.add_argument("--port", type=int, default=None)
@@ -234,12 +247,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--tls-keyfile", default=None, help="its private key (PEM)")
     p.add_argument("--tls-ca-certs", default=None, help="require client certificates signed by this CA (PEM)")
     p.set_defaults(fn=cmd_server)
-
     db = sub.add_parser("db", help="database schema").add_subparsers(dest="db_command", required=True)
     db.add_parser("upgrade", help="apply migrations").set_defaults(fn=cmd_db_upgrade)
 
-    auth_cli.add_parsers(sub, _remote)  # token create|list|revoke, audit
 
+def _collector_parser(sub: Any) -> None:
     p = sub.add_parser("collector", help="run the node agent")
     p.add_argument("--server", default=os.environ.get("SENTINEL_SERVER", "http://127.0.0.1:9480"),
                    help="server URL, or several comma-separated; the agent fails over between them")
@@ -253,20 +265,19 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--spool-max", type=int, default=10_000, help="reports kept on disk while the server is away")
     p.set_defaults(fn=cmd_collector)
 
+
+def _read_parsers(sub: Any) -> None:
     p = sub.add_parser("status", help="the fleet as tables")
     _remote(p)
     p.set_defaults(fn=cmd_status)
-
     p = sub.add_parser("jobs", help="registered jobs")
     _remote(p)
     p.add_argument("--state", default=None)
     p.add_argument("--limit", type=int, default=50)
     p.set_defaults(fn=cmd_jobs)
 
-    incidents_cli.add_parsers(sub, _remote)
-    grafana_cli.add_parser(sub, _remote)
-    simulate.add_parser(sub, _remote)
 
+def _launch_parser(sub: Any) -> None:
     p = sub.add_parser("launch", help="run a job's ranks here and carry out Sentinel's orders",
                        usage="sentinel launch --job NAME --nproc N [options] -- python train.py ...")
     _remote(p)
@@ -280,6 +291,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("cmd", nargs=argparse.REMAINDER, help="the command of one rank, after --")
     p.set_defaults(fn=cmd_launch)
 
+
+def _operator_parsers(sub: Any) -> None:
     for name, doc in (("quarantine", "take an accelerator out of service (and move its work)"),
                       ("release", "put a repaired accelerator back in service"),
                       ("cordon", "stop new work landing on a node"), ("uncordon", "let a node take work again")):
@@ -290,13 +303,11 @@ def build_parser() -> argparse.ArgumentParser:
         if name == "quarantine":
             p.add_argument("--keep-work", action="store_true", help="do not restart the jobs on it elsewhere")
         p.set_defaults(fn=cmd_health)
-
     p = sub.add_parser("breaker", help="the circuit breaker: state, or --reset")
     _remote(p)
     p.add_argument("--reset", action="store_true")
     p.add_argument("--reason", default="")
     p.set_defaults(fn=cmd_breaker)
-
     p = sub.add_parser("inject", help="fault drill on a simulated accelerator")
     _remote(p)
     p.add_argument("--node", required=True)
@@ -305,6 +316,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("argument", nargs="?", default=None, help="XID code for xid, factor for slow")
     p.set_defaults(fn=cmd_inject)
 
+
+def _demo_parser(sub: Any) -> None:
     p = sub.add_parser("demo", help="the whole story: server, two agents, a DDP job, a fault, the recovery")
     p.add_argument("--data-dir", default=None, help="default: a fresh temporary directory")
     p.add_argument("--port", type=int, default=9480)
@@ -312,7 +325,6 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--exit", action="store_true", help="stop at the end instead of running until Ctrl-C")
     p.add_argument("--duration", type=float, default=None, help="keep running this many seconds, then stop")
     p.set_defaults(fn=cmd_demo)
-    return parser
 
 
 def main(argv: list[str] | None = None) -> int:

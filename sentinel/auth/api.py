@@ -7,7 +7,6 @@ from typing import Annotated
 
 from fastapi import APIRouter, Depends, HTTPException
 
-from sentinel.audit.api import router as audit_router
 from sentinel.audit.service import record
 from sentinel.auth.deps import ADMIN, allow
 from sentinel.auth.schemas import TokenCreate, TokenCreated, TokenOut
@@ -17,7 +16,6 @@ from sentinel.deps import Sessions, Tokens, not_found
 
 log = logging.getLogger("sentinel.auth")
 router = APIRouter()
-router.include_router(audit_router)
 
 Admin = Annotated[Principal, Depends(allow(ADMIN))]
 

@@ -108,26 +108,41 @@ class Demo:
 
     # -- the story -----------------------------------------------------------------------------------
     def run(self) -> dict[str, Any]:
-        say = self.console.print
         env = {**os.environ, "SENTINEL_DATA_DIR": str(self.data_dir), "SENTINEL_HANG_MIN_SECONDS": "3",
                "SENTINEL_LOG_LEVEL": "INFO", "PYTHONUNBUFFERED": "1"}
         env.pop("SENTINEL_DATABASE_URL", None)
-        say(f"[bold]1. The central service[/] on {self.url} (SQLite in {self.data_dir})")
+        launcher_token = self._start_server(env)
+        self._start_agents(env)
+        job_id, out = self._start_job(env, launcher_token)
+        incident, injected, before = self._inject_fault(job_id, out)
+        self._follow_timeline(incident)
+        self.figures = self._stepping_again(job_id, out, incident, injected, before)
+        self._timeline()
+        (self.data_dir / "timeline.json").write_text(json.dumps(self.figures, indent=2))
+        return self.figures
+
+    def _start_server(self, env: dict[str, str]) -> str:
+        """1. The server on SQLite; returns a launcher token."""
+        self.console.print(f"[bold]1. The central service[/] on {self.url} (SQLite in {self.data_dir})")
         self.start("server", _sentinel("server", "--host", "127.0.0.1", "--port", str(self.port)), env)
         self.wait("starting the server", lambda: httpx.get(self.url + "/readyz", timeout=1).status_code == 200, 60)
-        launcher_token = self.api("POST", "/tokens", {"name": "demo-launcher", "role": "launcher"})["token"]
+        return str(self.api("POST", "/tokens", {"name": "demo-launcher", "role": "launcher"})["token"])
 
-        say("[bold]2. Two node agents[/], each with 2 SIMULATED accelerators (no GPU here; `sim` stands in "
-            "for NVML and says so). demo-node-2 is the spare.")
-        for node in ("demo-node-1", "demo-node-2"):  # one token per agent, bound to its node
+    def _start_agents(self, env: dict[str, str]) -> None:
+        """2. Two agents with simulated accelerators, each with a token bound to its node."""
+        self.console.print("[bold]2. Two node agents[/], each with 2 SIMULATED accelerators (no GPU here; `sim` "
+                           "stands in for NVML and says so). demo-node-2 is the spare.")
+        for node in ("demo-node-1", "demo-node-2"):
             agent_token = self.api("POST", "/tokens", {"name": f"{node}-agent", "role": "agent", "node": node})["token"]
             self.start(node, _sentinel("collector", "--server", self.url, "--token", agent_token, "--node-name", node,
                                        "--source", "sim:2", "--interval", "1", "--listen", "127.0.0.1:0",
                                        "--state-dir", str(self.data_dir / "agents")), env)
         self.wait("agents registering", lambda: len(self.api("GET", "/nodes")) == 2, 60)
 
-        say("[bold]3. A real training job[/]: 2-rank DDP over gloo on CPU, instrumented by the SDK, run by "
-            "`sentinel launch` with warm standbys")
+    def _start_job(self, env: dict[str, str], launcher_token: str) -> tuple[int, Path]:
+        """3. The training job, stepping, checkpointed on both tiers, with warm standbys ready."""
+        self.console.print("[bold]3. A real training job[/]: 2-rank DDP over gloo on CPU, instrumented by the SDK, "
+                           "run by `sentinel launch` with warm standbys")
         out = self.data_dir / "job"
         out.mkdir(exist_ok=True)
         self.start("launch", _sentinel("launch", "--job", "demo-llm", "--nproc", "2", "--", sys.executable, "-m",
@@ -138,15 +153,19 @@ class Demo:
                     "SENTINEL_CHECKPOINT_PERSISTENT_DIR": str(self.data_dir / "checkpoints" / "shared")})
         job = self.wait("importing torch and forming the gloo group",
                         lambda: [j for j in self.api("GET", "/jobs") if j["name"] == "demo-llm"], 120)[0]
-        job_id = job["id"]
-        metrics = self.wait("the first steps reaching the server", lambda: self._stepping(job_id), 120)
-        self._signals(metrics)
-        say(f"   Checkpoints: every {LOCAL_EVERY} steps to the node's local disk, every {SHARED_EVERY} to a shared "
-            "directory; incremental (only changed chunks are written) and committed when both ranks' shards are in.")
+        job_id = int(job["id"])
+        self._signals(self.wait("the first steps reaching the server", lambda: self._stepping(job_id), 120))
+        self.console.print(f"   Checkpoints: every {LOCAL_EVERY} steps to the node's local disk, every {SHARED_EVERY} "
+                           "to a shared directory; incremental (only changed chunks are written) and committed when "
+                           "both ranks' shards are in.")
         self.wait("a checkpoint on the shared tier", lambda: self._committed(job_id) >= SHARED_EVERY, 120)
         self.wait("warm standbys for the next attempt", lambda: "standby(s) ready" in self._log("launch"), 180)
         time.sleep(1)
+        return job_id, out
 
+    def _inject_fault(self, job_id: int, out: Path) -> tuple[dict[str, Any], float, int]:
+        """4-5. The fault on rank 1's accelerator, and the incident it opens: (incident, injected at, step)."""
+        say = self.console.print
         tasks = [t for t in self.api("GET", f"/jobs/{job_id}")["tasks"] if t["state"] == "running"]
         victim = next(t for t in tasks if t["rank"] == 1)
         uuid, node = victim["accelerators"][0], victim["node"]
@@ -171,34 +190,40 @@ class Demo:
                               ("Points at", detail["layer"]), ("Check next", "; ".join(detail["next_steps"][:2]))):
             if body:
                 say(f"   [dim]{heading}:[/] {body}")
+        return incident, injected, before
 
-        say("[bold]6. What Sentinel did[/] (the incident's timeline, as it happens)")
+    def _follow_timeline(self, incident: dict[str, Any]) -> None:
+        """6. The incident's timeline as it happens, until the job steps again."""
+        self.console.print("[bold]6. What Sentinel did[/] (the incident's timeline, as it happens)")
         shown = 0
         deadline = time.monotonic() + 180
         while time.monotonic() < deadline:
             actions = self.api("GET", f"/incidents/{incident['id']}")["actions"]
             for action in actions[shown:]:
-                say(f"   {action['at'][11:23]}  {action['text']}")
+                self.console.print(f"   {action['at'][11:23]}  {action['text']}")
             shown = len(actions)
             if any("stepping again" in a["text"] for a in actions):
-                break
+                return
             time.sleep(0.3)
-        else:
-            raise DemoError(f"the job did not step again within 180 s; logs in {self.data_dir}")
+        raise DemoError(f"the job did not step again within 180 s; logs in {self.data_dir}")
+
+    def _stepping_again(self, job_id: int, out: Path, incident: dict[str, Any], injected: float,
+                        before: int) -> dict[str, Any]:
+        """7. Where the new attempt runs and resumed from; the figures for the timeline."""
         orders = self.api("GET", f"/jobs/{job_id}/orders", state="all")
         order = next(o for o in reversed(orders) if o["recovery_seconds"] is not None)
         placement = ", ".join(f"rank {s['rank']} → {s['node']}" for s in order["placement"])
-        say(f"[bold]7. Stepping again[/] as attempt {order['attempt']}: {placement}")
+        self.console.print(f"[bold]7. Stepping again[/] as attempt {order['attempt']}: {placement}")
         resumed = self.wait("the ranks restoring", lambda: self._restored(out, order["attempt"]), 60)
-        say(f"   resumed from checkpoint step {resumed[0]} ({resumed[1]} tier, every chunk verified); "
-            f"{order['lost_steps'] or 0} step(s) recomputed")
+        self.console.print(f"   resumed from checkpoint step {resumed[0]} ({resumed[1]} tier, every chunk verified); "
+                           f"{order['lost_steps'] or 0} step(s) recomputed")
         time.sleep(2)
         metrics = self.api("GET", f"/jobs/{job_id}/metrics")
         policy = self.api("GET", f"/jobs/{job_id}")["checkpoints"]
         opened = datetime.fromisoformat(incident["opened_at"]).timestamp()
         completed = datetime.fromisoformat(order["completed_at"]).timestamp()
-        self.figures = {
-            "job_id": job_id, "incident_id": incident["id"], "order_id": order["id"], "fault": kind,
+        return {
+            "job_id": job_id, "incident_id": incident["id"], "order_id": order["id"], "fault": self.fault[0],
             "injected_at": injected, "step_at_fault": before,
             "detection_latency_seconds": incident["detection_latency_seconds"],
             "recovery_seconds": order["recovery_seconds"], "lost_steps": order["lost_steps"] or 0,
@@ -211,9 +236,6 @@ class Demo:
             "checkpoint_stall_seconds": policy["stall_seconds"],
             "checkpoint_interval_recommended_seconds": policy["interval_recommended_seconds"],
         }
-        self._timeline()
-        (self.data_dir / "timeline.json").write_text(json.dumps(self.figures, indent=2))
-        return self.figures
 
     def _stepping(self, job_id: int) -> dict[str, Any] | None:
         m = self.api("GET", f"/jobs/{job_id}/metrics")

@@ -24,10 +24,9 @@ router = APIRouter(prefix="/incidents", tags=["incidents"])
 
 
 
+# `GET /incidents/{id}` answers with the incident and the notifications sent about it (alerting's rows): the
+# composite is assembled, and its schema declared, here at the edge.
 class IncidentDetail(IncidentOut):
-    """`GET /incidents/{id}` answers with the incident and the notifications sent about it (alerting's rows):
-    the composite is assembled, and its schema declared, here at the edge."""
-
     evidence: dict[str, Any]
     text: str
     notifications: list[NotificationOut] = []

@@ -10,6 +10,7 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Protocol
 
@@ -66,6 +67,16 @@ class NoOutbox:
         return None
 
 
+@dataclass
+class _Recorded:
+    """What one `record` call did, for after its commit."""
+
+    opened: list[IncidentOut] = field(default_factory=list)
+    repeated: list[IncidentOut] = field(default_factory=list)  # event-driven, seen again: remediation may act again
+    rows: list[Owed] = field(default_factory=list)
+    kept: list[Incident] = field(default_factory=list)  # held here: the session's identity map keeps weak references
+
+
 def _view(incident: Incident) -> OpenIncident:
     return OpenIncident(id=incident.id, fingerprint=incident.fingerprint, detector=incident.detector,
                         latched=incident.latched,
@@ -115,41 +126,17 @@ class Incidents:
         """Open an incident for each new fingerprint, refresh the active ones. Returns those opened."""
         if not findings:
             return []
-        opened: list[IncidentOut] = []
-        repeated: list[IncidentOut] = []  # event-driven findings seen again: remediation may need to act again
-        rows: list[Owed] = []
+        batch = _Recorded()
         with self._lock:
             now = to_datetime(self._clock.time())
             with transaction(self._factory) as session:
-                kept: list[Incident] = []  # held here: the session's identity map only keeps weak references
                 for finding in findings:
-                    known = self._open.get(finding.fingerprint)
-                    incident = session.get(Incident, known.id) if known else None
-                    if incident is None or incident.state == "resolved":
-                        incident = service.find_active(session, finding.fingerprint)
-                    if incident is not None:
-                        kept.append(incident)
-                        if service.update_incident(session, incident, finding, now, repeat=repeat):
-                            rows += self.outbox.owe(session, incident, "trigger", now)
-                        if repeat:
-                            repeated.append(IncidentOut.model_validate(incident))
-                        continue
-                    incident = service.open_incident(session, finding, now)
-                    kept.append(incident)
-                    recommended = ACTION_TEXT.get(finding.action, finding.action)
-                    if recommended:
-                        tail = ("" if self._settings.remediation_enabled else
-                                " (automatic remediation is off on this server; nothing was changed)")
-                        service.add_action(incident, now, f"recommended: {recommended}{tail}")
-                    sent = self.outbox.owe(session, incident, "trigger", now)
-                    self._note_notifications(incident, sent, now)
-                    rows += sent
-                    opened.append(IncidentOut.model_validate(incident))
-                views = [(_view(i), i.severity) for i in kept]
+                    self._record_one(session, finding, now, repeat, batch)
+                views = [(_view(i), i.severity) for i in batch.kept]
             for view, severity in views:
                 self._open[view.fingerprint] = view
                 self._severity[view.fingerprint] = severity
-        for out in opened:
+        for out in batch.opened:
             latency = out.detection_latency_seconds
             if latency is not None:
                 self.latency.labels(out.detector).observe(latency)
@@ -157,11 +144,35 @@ class Incidents:
                         out.severity, out.detector, out.fingerprint,
                         f"{latency:.3f}s" if latency is not None else "-", out.title)
             self._tell(out, "opened")
-        for out in repeated:
+        for out in batch.repeated:
             self._tell(out, "repeated")
-        if rows:
-            self.outbox.ring(rows)
-        return opened
+        if batch.rows:
+            self.outbox.ring(batch.rows)
+        return batch.opened
+
+    def _record_one(self, session: Session, finding: Finding, now: datetime, repeat: bool, batch: _Recorded) -> None:
+        known = self._open.get(finding.fingerprint)
+        incident = session.get(Incident, known.id) if known else None
+        if incident is None or incident.state == "resolved":
+            incident = service.find_active(session, finding.fingerprint)
+        if incident is not None:
+            batch.kept.append(incident)
+            if service.update_incident(session, incident, finding, now, repeat=repeat):
+                batch.rows += self.outbox.owe(session, incident, "trigger", now)
+            if repeat:
+                batch.repeated.append(IncidentOut.model_validate(incident))
+            return
+        incident = service.open_incident(session, finding, now)
+        batch.kept.append(incident)
+        recommended = ACTION_TEXT.get(finding.action, finding.action)
+        if recommended:
+            tail = ("" if self._settings.remediation_enabled else
+                    " (automatic remediation is off on this server; nothing was changed)")
+            service.add_action(incident, now, f"recommended: {recommended}{tail}")
+        sent = self.outbox.owe(session, incident, "trigger", now)
+        self._note_notifications(incident, sent, now)
+        batch.rows += sent
+        batch.opened.append(IncidentOut.model_validate(incident))
 
     @staticmethod
     def _note_notifications(incident: Incident, notifications: Sequence[Owed], now: datetime) -> None:

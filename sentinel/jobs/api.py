@@ -18,10 +18,9 @@ log = logging.getLogger("sentinel.jobs")
 router = APIRouter(prefix="/jobs", tags=["jobs"])
 
 
+# `GET /jobs/{id}` answers with three domains' data (the job, its tasks, its checkpoint policy): the composite is
+# assembled, and its schema declared, here at the edge.
 class JobDetail(JobOut):
-    """`GET /jobs/{id}` answers with three domains' data (the job, its tasks, its checkpoint policy): the
-    composite is assembled, and its schema declared, here at the edge."""
-
     tasks: list[TaskOut] = []
     checkpoints: CheckpointPolicy | None = None
 
