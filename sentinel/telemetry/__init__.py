@@ -1,1 +1,2 @@
-"""Node reports: the wire schema shared by the agent and the server, and their ingest."""
+"""Node reports: the wire schema the agent and the server share (schemas.py) and their receipts (models.py).
+Accepting a report is the pipeline's (sentinel/pipeline/)."""
