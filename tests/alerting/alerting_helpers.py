@@ -11,8 +11,11 @@ from datetime import UTC, datetime
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
+import httpx
 from sqlalchemy.orm import Session, sessionmaker
 
+from sentinel.alerting.notifiers import OutboundRequest
+from sentinel.config import ReceiverConfig
 from sentinel.db import make_engine, make_sessionmaker, upgrade
 from sentinel.incidents.models import Incident
 
@@ -121,3 +124,14 @@ def database(url: str) -> Iterator[sessionmaker[Session]]:
         yield make_sessionmaker(engine)
     finally:
         engine.dispose()
+
+
+def deliver(request: OutboundRequest, rx: LoopbackReceiver) -> Recorded:
+    """Post a rendered request to the loopback receiver as the dispatcher would; what it recorded."""
+    response = httpx.post(request.url, content=request.body, headers=request.headers, timeout=5)
+    assert response.status_code == 200
+    return rx.requests[-1]
+
+
+def receiver(kind: str, url: str, **extra: object) -> ReceiverConfig:
+    return ReceiverConfig.model_validate({"name": kind, "kind": kind, "url": url, **extra})

@@ -8,28 +8,16 @@ import json
 import re
 from datetime import UTC, datetime, timedelta
 
-import httpx
 import pytest
 
 from sentinel.alerting import notifiers
-from sentinel.alerting.notifiers import OutboundRequest, webhook
-from sentinel.config import ReceiverConfig
+from sentinel.alerting.notifiers import webhook
 from sentinel.incidents import render as prose
-from tests.alerting.alerting_helpers import LoopbackReceiver, Recorded, incident
+from tests.alerting.alerting_helpers import LoopbackReceiver, deliver, incident, receiver
 
 NOW = datetime(2030, 5, 6, 7, 8, 9, tzinfo=UTC)
 ROUTING_KEY = "R" * 32
 LABEL_NAME = re.compile(r"[a-zA-Z_][a-zA-Z0-9_]*")
-
-
-def deliver(request: OutboundRequest, rx: LoopbackReceiver) -> Recorded:
-    response = httpx.post(request.url, content=request.body, headers=request.headers, timeout=5)
-    assert response.status_code == 200
-    return rx.requests[-1]
-
-
-def receiver(kind: str, url: str, **extra: object) -> ReceiverConfig:
-    return ReceiverConfig.model_validate({"name": kind, "kind": kind, "url": url, **extra})
 
 
 def parse_time(value: str) -> datetime:

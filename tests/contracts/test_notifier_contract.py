@@ -16,18 +16,16 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
-import httpx
 import pytest
 from sqlalchemy import inspect
 from sqlalchemy.orm import sessionmaker
 
 from sentinel.alerting import notifiers
 from sentinel.alerting.dispatcher import Dispatcher
-from sentinel.alerting.notifiers import OutboundRequest
 from sentinel.alerting.notifiers.common import EVENTS as INCIDENT_EVENTS
-from sentinel.config import ReceiverConfig, Settings
+from sentinel.config import Settings
 from sentinel.incidents.models import Incident
-from tests.alerting.alerting_helpers import LoopbackReceiver, Recorded, incident
+from tests.alerting.alerting_helpers import LoopbackReceiver, deliver, incident, receiver
 from tests.conftest import FakeClock
 from tests.contracts.conftest import implementations
 
@@ -37,16 +35,6 @@ SECRET = "contract-secret-5f2b9c"  # long enough for the dispatcher to scrub (>=
 SECRET_PATH = "/services/T000/B000/XXXXSECRETXXXX"  # a Slack webhook's path is its secret
 
 each_notifier = pytest.mark.parametrize("kind", implementations(notifiers.NOTIFIERS))
-
-
-def deliver(request: OutboundRequest, rx: LoopbackReceiver) -> Recorded:
-    response = httpx.post(request.url, content=request.body, headers=request.headers, timeout=5)
-    assert response.status_code == 200
-    return rx.requests[-1]
-
-
-def receiver(kind: str, url: str, **extra: object) -> ReceiverConfig:
-    return ReceiverConfig.model_validate({"name": kind, "kind": kind, "url": url, **extra})
 
 
 def incident_for(event: str, **overrides: Any) -> Incident:
