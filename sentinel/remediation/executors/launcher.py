@@ -10,7 +10,6 @@ own: a slow webhook never holds up remediation, and a launcher that misses it st
 
 from __future__ import annotations
 
-import asyncio
 import hashlib
 import hmac
 import json
@@ -22,6 +21,7 @@ from typing import Any
 
 import httpx
 
+from sentinel.doorbell import Doorbell
 from sentinel.remediation.executors.base import Action, Executor, Outcome, register
 
 log = logging.getLogger("sentinel.remediation")
@@ -37,28 +37,14 @@ class OrderBoard:
     """Who is long-polling for a job's orders, woken when one is issued."""
 
     def __init__(self) -> None:
-        self._waiters: dict[int, list[tuple[asyncio.AbstractEventLoop, asyncio.Event]]] = {}
-        self._lock = threading.Lock()
+        self._doorbell: Doorbell[int] = Doorbell()
 
     def announce(self, job_id: int) -> int:
         """Wake everyone waiting on `job_id`; returns how many were."""
-        with self._lock:
-            waiters = self._waiters.pop(job_id, [])
-        for loop, event in waiters:
-            loop.call_soon_threadsafe(event.set)
-        return len(waiters)
+        return self._doorbell.ring(job_id)
 
     async def wait(self, job_id: int, timeout_seconds: float) -> None:
-        event = asyncio.Event()
-        with self._lock:
-            self._waiters.setdefault(job_id, []).append((asyncio.get_running_loop(), event))
-        try:
-            await asyncio.wait_for(event.wait(), timeout_seconds)
-        except TimeoutError:
-            pass
-        finally:
-            with self._lock:
-                self._waiters[job_id] = [w for w in self._waiters.get(job_id, []) if w[1] is not event]
+        await self._doorbell.wait(job_id, timeout_seconds)
 
     @staticmethod
     def push_webhook(url: str, secret: str, order: dict[str, Any], timeout: float = 5.0,
