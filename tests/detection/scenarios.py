@@ -1,17 +1,28 @@
-"""One true-positive stream per detector, shared by the detector's own tests and the feedback test."""
+"""One true-positive stream per detector, shared by the detector's own tests and the Detector contract
+(tests/contracts/test_detector_contract.py), with the variants the contract needs: the condition on two
+subjects at once, and the condition clearing."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
 
 from sentinel.detection.base import Detector, Evaluation
+from sentinel.detection.catalog import FaultCatalog
 from sentinel.detection.detectors.allreduce_spike import AllreduceSpikeDetector
 from sentinel.detection.detectors.checkpoint_stale import CheckpointStaleDetector
+from sentinel.detection.detectors.hang import HungTask
+from sentinel.detection.detectors.hardware import HardwareEvents
+from sentinel.detection.detectors.heartbeat import HeartbeatLoss
 from sentinel.detection.detectors.lemon import LemonDetector
 from sentinel.detection.detectors.memory import MemoryDetector
 from sentinel.detection.detectors.mfu_drop import MfuDropDetector
 from sentinel.detection.detectors.straggler import StragglerDetector
+from sentinel.detection.detectors.task_exit import TaskExit as TaskExitDetector
 from sentinel.detection.detectors.throttle import ThrottleDetector
+from sentinel.jobs.service import ClosedTask, describe_exit
+from sentinel.live.faults import Fault
+from sentinel.live.fleet import NodeLive
+from sentinel.telemetry.schemas import Assignment, HardwareEvent, NodeReport, TaskExit
 from tests.detection.streams import GiB, World, run
 
 Stream = list[tuple[float, Evaluation]]
@@ -166,3 +177,252 @@ def checkpoint_stale(stop_at: float = 300.0, seconds: float = 900.0, stepping: C
                 world.checkpoints.shard(1, step, 1, world_size=2, committed=True, at=world.now)
 
     return world, detector, run(world, detector, seconds, tick)
+
+
+# -- the event-driven detectors, and the periodic ones that watch liveness -------------------------------------------
+# Their reports go through `ingest`, which does what the report pipeline does before a detector sees one.
+
+def ingest(world: World, node: str, *, events: list[HardwareEvent] | None = None,
+           exits: list[TaskExit] | None = None) -> tuple[NodeLive, NodeReport, list[ClosedTask]]:
+    """One report from `node` now, through the steps before the event detectors (pipeline/ingest.py, report.py
+    and DetectionEngine.on_report): liveness, exits closed against the placements, faults into the history."""
+    live = world.fleet.get(node)
+    assert live is not None
+    report = NodeReport(node=node, seq=live.last_seq + 1, sent_at=world.now, events=events or [],
+                        task_exits=exits or [])
+    live.last_seen = world.now
+    live.remember(report.seq)
+    if live.state == "down":
+        live.state = live.admin_state  # reporting again
+    closed = []
+    for ended in report.task_exits:
+        for task in [t for t in world.assignments.get(live.id, []) if t.pid == ended.pid]:
+            failed = ended.signal is not None or ended.exit_code != 0
+            reason = describe_exit(ended.exit_code, ended.signal)[0] if failed else ""
+            stats = world.jobs.job(task.job_id).ranks.get(task.rank)
+            closed.append(ClosedTask(task.job_id, task.rank, ended.pid, reason, stats.attempt if stats else 0))
+            world.jobs.mark_ended(task.job_id, task.rank, ended.pid)
+            if reason:
+                world.jobs.count_failure(task.job_id, reason)
+            world.assignments[live.id].remove(task)
+    for event in report.events:
+        severity = world.ctx.catalog.lookup(event).severity
+        if severity != "info":
+            world.history.add(Fault(event.observed_at, node, event.accelerator_uuid, event.kind, event.xid, severity))
+    return live, report, closed
+
+
+def run_reports(world: World, detector: Detector, seconds: float,
+                tick: Callable[[float], list[tuple[NodeLive, NodeReport, list[ClosedTask]]]]) -> Stream:
+    """Every 10 s: advance the clock, let `tick(elapsed)` send its reports, hand each to `on_report`. Each entry
+    holds that round's findings, out of how many reports there were."""
+    out: Stream = []
+    elapsed = 0.0
+    while elapsed < seconds - 1e-9:
+        world.advance(10.0)
+        elapsed += 10.0
+        reports = tick(elapsed)
+        found = [f for live, report, exits in reports for f in detector.on_report(world.ctx, live, report, exits)]
+        out.append((elapsed, Evaluation(found, len(reports))))
+    return out
+
+
+def hang(jobs: tuple[int, ...] = (2,), stop_at: float = 120.0, seconds: float = 200.0,
+         resume_at: float | None = None) -> Outcome:
+    """Each job: two ranks on its own node stepping ~1 s. From `stop_at` rank 1 makes no progress with its
+    accelerator pinned at 100% (a hung kernel) and rank 0 blocks in the next collective a report later;
+    their processes live and the nodes keep reporting. From `resume_at` both step again."""
+    world = World()
+    nodes = {job: f"node-h{job}" for job in jobs}
+    uuids = {job: training_job(world, job, ranks=2, node=nodes[job]) for job in jobs}
+    detector = HungTask(world.settings)
+
+    def tick(t: float) -> None:
+        stuck = stop_at <= t and (resume_at is None or t < resume_at)
+        for job in jobs:
+            ingest(world, nodes[job])
+            for rank in range(2):
+                blocked = stuck and (rank == 1 or t >= stop_at + 10)
+                world.steps(nodes[job], job, rank, [] if blocked else [jitter(rank, i) for i in range(10)])
+                world.sample(uuids[job][rank], utilization=1.0 if stuck and rank == 1 else 0.0 if blocked else 0.9)
+
+    return world, detector, run(world, detector, seconds, tick)
+
+
+def heartbeat(silent: tuple[str, ...] = ("node-2",), silent_at: float = 60.0, seconds: float = 120.0,
+              back_at: float | None = None) -> Outcome:
+    """Four nodes reporting every 10 s, a job on each `silent` node; from `silent_at` those send nothing
+    (until `back_at`), and liveness marks them down after `missed_intervals_down` of their intervals."""
+    world = World()
+    for i in range(4):
+        uuids = world.add_node(f"node-{i}", accelerators=2)
+        if f"node-{i}" in silent:
+            world.place(9 + i, 0, f"node-{i}", uuids[:1])
+    detector = HeartbeatLoss(world.settings)
+
+    def tick(t: float) -> None:
+        gone = silent_at <= t and (back_at is None or t < back_at)
+        for live in world.fleet.all():
+            if not (gone and live.name in silent):
+                ingest(world, live.name)
+        for live in world.fleet.overdue(world.now, world.settings.missed_intervals_down):
+            live.state = "down"  # what live/liveness.py check_liveness does in memory
+
+    return world, detector, run(world, detector, seconds, tick)
+
+
+def hardware(faults: tuple[tuple[str, int, int], ...] = (("node-x", 3, 79),), repeats: int = 2) -> Outcome:
+    """A job on all eight accelerators of each node named; each (node, accelerator index, XID) is reported
+    `repeats` times, one report (10 s) apart, as an agent does when the driver logs it again."""
+    world = World()
+    world.ctx.catalog = FaultCatalog.load()
+    uuids = {node: world.add_node(node) for node in sorted({node for node, _, _ in faults})}
+    for job, node in enumerate(uuids, start=4):
+        for rank, uuid in enumerate(uuids[node]):
+            world.place(job, rank, node, [uuid])
+    detector = HardwareEvents(world.settings)
+
+    def tick(t: float) -> list[tuple[NodeLive, NodeReport, list[ClosedTask]]]:
+        reports = []
+        for node in uuids:
+            for uuid in uuids[node]:
+                world.sample(uuid, temperature=70.0)
+            events = [HardwareEvent(kind="xid", accelerator_uuid=f"GPU-{node}-{index}", xid=xid,
+                                    message=f"NVRM: Xid (PCI:0000:{index:02x}:00): {xid}", observed_at=world.now - 0.2)
+                      for where, index, xid in faults if where == node and t <= 10.0 * repeats]
+            reports.append(ingest(world, node, events=events))
+        return reports
+
+    return world, detector, run_reports(world, detector, 10.0 * repeats + 10.0, tick)
+
+
+def task_exit(jobs: tuple[int, ...] = (6,), fail_at: float = 60.0, seconds: float = 90.0,
+              restart_at: float | None = None) -> Outcome:
+    """Each job: two ranks on its own node stepping ~1 s. At `fail_at` rank 1 is killed (SIGKILL, no hardware
+    fault); a report later rank 0 exits with code 1 as its collective breaks. From `restart_at` a new attempt
+    (new pids, placed again) steps."""
+    world = World()
+    nodes = {job: f"node-e{job}" for job in jobs}
+    uuids = {job: training_job(world, job, ranks=2, node=nodes[job]) for job in jobs}
+    detector = TaskExitDetector(world.settings)
+
+    def tick(t: float) -> list[tuple[NodeLive, NodeReport, list[ClosedTask]]]:
+        attempt = 1 if restart_at is not None and t >= restart_at else 0
+        reports = []
+        for job in jobs:
+            live = world.fleet.get(nodes[job])
+            assert live is not None
+            if t == restart_at:
+                world.assignments[live.id] = [Assignment(job_id=job, rank=rank, pid=1100 + rank,
+                                                         accelerators=[uuids[job][rank]]) for rank in range(2)]
+            exits = [TaskExit(job_id=job, rank=rank, pid=1000 + rank, observed_at=world.now - 0.5, **how)
+                     for rank, at, how in ((1, fail_at, {"signal": 9}), (0, fail_at + 10, {"exit_code": 1}))
+                     if t == at]
+            running = {task.rank for task in world.assignments.get(live.id, [])} - {e.rank for e in exits}
+            for rank in sorted(running):
+                world.steps(nodes[job], job, rank, [jitter(rank, i) for i in range(10)], attempt=attempt)
+            reports.append(ingest(world, nodes[job], exits=exits))
+        return reports
+
+    return world, detector, run_reports(world, detector, seconds, tick)
+
+
+# -- the same condition on two subjects at once: each must get its own fingerprint -----------------------------------
+
+def two_jobs(detector_class: type[Detector], step: Callable[[float, int], float],
+             share: Callable[[float], float] = lambda t: 0.2, seconds: float = 40 * 60) -> Outcome:
+    """Jobs 7 and 8, two ranks each on nodes of their own; rank r steps `step(t, r)` seconds at all-reduce share
+    `share(t)`, and its first report holds five 30 s warm-up steps."""
+    world = World()
+    for job in (7, 8):
+        training_job(world, job, ranks=2, node=f"node-{job}")
+    detector = detector_class(world.settings)
+
+    def tick(t: float) -> None:
+        for job in (7, 8):
+            for rank in range(2):
+                durations = [step(t, rank) * jitter(rank, i) for i in range(10)]
+                if t == 10.0:
+                    durations[:5] = [30.0] * 5
+                world.steps(f"node-{job}", job, rank, durations, collective_share=share(t))
+
+    return world, detector, run(world, detector, seconds, tick)
+
+
+def throttle_pair() -> Outcome:
+    """Both accelerators of a node thermally throttled for eight of twelve samples."""
+    world = World()
+    uuids = world.add_node("node-t", accelerators=2)
+    detector = ThrottleDetector(world.settings)
+
+    def tick(t: float) -> None:
+        for uuid in uuids:
+            hot = t > 40
+            world.sample(uuid, temperature=92.0 if hot else 65.0, throttle=("hw_thermal_slowdown",) if hot else ())
+
+    return world, detector, run(world, detector, 120.0, tick)
+
+
+def memory_pair() -> Outcome:
+    """Both accelerators of job 5 leak as in `leak`."""
+    world = World()
+    uuids = world.add_node("node-m", accelerators=2)
+    for rank, uuid in enumerate(uuids):
+        world.place(5, rank, "node-m", [uuid])
+    detector = MemoryDetector(world.settings)
+
+    def tick(t: float) -> None:
+        for uuid in uuids:
+            world.sample(uuid, used_bytes=30 * GiB + (int(t // 10) - 1) * 0.5 * GiB)
+
+    return world, detector, run(world, detector, 300.0, tick)
+
+
+def lemon_pair() -> Outcome:
+    """An accelerator lemon (three XID 48 episodes on node-1's GPU 3) and a node lemon (five episodes on
+    node-2, each on another of its accelerators) this week."""
+    world = World()
+    for name in ("node-0", "node-1", "node-2", "node-3"):
+        world.add_node(name)
+    for days_ago in (5.0, 3.0, 1.0):
+        world.fault("node-1", "GPU-node-1-3", days_ago=days_ago)
+    for index, days_ago in enumerate((6.0, 5.0, 4.0, 3.0, 2.0)):
+        world.fault("node-2", f"GPU-node-2-{index}", days_ago=days_ago)
+    detector = LemonDetector(world.settings)
+    return world, detector, [(0.0, world.evaluate(detector))]
+
+
+def checkpoint_stale_pair() -> Outcome:
+    """Jobs 1 and 2 as in `checkpoint_stale`: from 300 s rank 1's saves stop registering."""
+    world = World()
+    for job in (1, 2):
+        training_job(world, job, ranks=2, node=f"node-{job}")
+    detector = CheckpointStaleDetector(world.settings)
+
+    def tick(t: float) -> None:
+        for job in (1, 2):
+            for rank in range(2):
+                world.steps(f"node-{job}", job, rank, [jitter(rank, i) for i in range(10)])
+            if t % 60 == 0:
+                world.checkpoints.shard(job, int(t), 0, world_size=2, committed=False, at=world.now)
+                if t < 300:
+                    world.checkpoints.shard(job, int(t), 1, world_size=2, committed=True, at=world.now)
+
+    return world, detector, run(world, detector, 900.0, tick)
+
+
+# -- the condition clearing, where the scenario's own parameters cannot say it ---------------------------------------
+
+def mfu_drop_recovers() -> Outcome:
+    """As `mfu_drop`, but the job is back to its pace after five slow minutes."""
+    world = World()
+    training_job(world, job_id=7, ranks=2)
+    detector = MfuDropDetector(world.settings)
+    return world, detector, mfu_job(world, 45 * 60, lambda t: 1.5 if 35 * 60 < t <= 40 * 60 else 1.0, detector=detector)
+
+
+def lemon_ages_out() -> Outcome:
+    """As `lemon`, then eight quiet days: the episodes leave the week-long window."""
+    world, detector, stream = lemon()
+    world.advance(8 * 86400.0)
+    return world, detector, [*stream, (8 * 86400.0, world.evaluate(detector))]
