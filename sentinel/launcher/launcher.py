@@ -103,8 +103,9 @@ class Launcher:
         result = self.local.execute(action)
         self.restarts.append({"order": order["id"], "attempt": order["attempt"],
                               "seconds": time.monotonic() - received})
+        detail = result.detail.removeprefix(f"order {order['id']}: ")  # the ack names the order already
         self.client.post(f"/orders/{order['id']}/ack", {"status": "done" if result.ok else "failed",
-                                                        "detail": result.detail}, retry_seconds=RETRY_SECONDS)
+                                                        "detail": detail}, retry_seconds=RETRY_SECONDS)
 
     # -- the whole run --------------------------------------------------------------------------------
     def run(self) -> int:

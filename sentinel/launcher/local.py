@@ -117,10 +117,11 @@ class LocalProcesses(Executor):
             self.stop_ranks(old)
         else:
             self.stop_ranks(old)
+            self.ranks = []  # stopped: a failed start below must not leave them listed as this attempt's
             stopped = time.monotonic() - received
             self.start_attempt(order["placement"], int(order["attempt"]))
         took = time.monotonic() - received
-        detail = f"attempt {order['attempt']} started in {took:.2f}s"
+        detail = f"order {order['id']}: attempt {order['attempt']} started in {took:.2f}s"
         if order["kind"] != "replace_replica":
             detail += f" ({stopped:.2f}s of it stopping the old ranks)"
         return Outcome(True, detail)
@@ -187,11 +188,18 @@ class LocalProcesses(Executor):
         return {**env, **self.env}
 
     def start_attempt(self, placement: list[dict[str, Any]], attempt: int) -> list[Rank]:
+        """Start every rank of `attempt`; if one cannot start, the ones already started are stopped (an attempt
+        runs whole or not at all) and the error is raised."""
         port = free_port()  # a fresh rendezvous for every attempt
         started: list[Rank] = []
-        for slot in sorted(placement, key=lambda s: s["rank"]):
-            proc = self._start(self.rank_env(slot, attempt, port))
-            started.append(Rank(slot["rank"], slot["node"], list(slot["accelerators"]), slot.get("agent_url"), proc))
+        try:
+            for slot in sorted(placement, key=lambda s: s["rank"]):
+                proc = self._start(self.rank_env(slot, attempt, port))
+                started.append(Rank(slot["rank"], slot["node"], list(slot["accelerators"]), slot.get("agent_url"),
+                                    proc))
+        except BaseException:
+            self.stop_ranks(started)
+            raise
         self.on_started(started, attempt)
         self.ranks, self.attempt = started, attempt
         where = ", ".join(f"rank {r.rank} → {r.node}:{','.join(r.accelerators)} (pid {r.proc.pid})" for r in started)

@@ -146,12 +146,6 @@ class SlurmHarness(Harness):
     """A real one-node Slurm, one per module (`slurm_cluster`), reset before each test that touches it."""
 
     name = "slurm"
-    known_bugs: ClassVar[dict[tuple[str, str], str]] = {
-        ("idempotent", "release_node"): "releasing a node that is not drained (any more) gives ok=False: scontrol "
-                                        "answers 'Invalid node state specified' to State=RESUME",
-        ("unknown", "move_work"): "move_work naming a node Slurm does not know requeues the job anyway, then fails on "
-                                  "ExcNodeList and leaves it held in BeginTime (~2 min); the detail names no node",
-    }
 
     def __init__(self, request: pytest.FixtureRequest, tmp_path: Path):
         super().__init__(request, tmp_path)
@@ -214,12 +208,6 @@ class KubernetesHarness(Harness):
     """The in-tree API server double (tests/remediation/kube_api.py), through the real `kubernetes` client."""
 
     name = "kubernetes"
-    known_bugs: ClassVar[dict[tuple[str, str], str]] = {
-        ("ok_in_one_line", "drain_node"): "the drain detail carries the raw reason, so a reason with a line break "
-                                          "gives a two-line detail (Slurm flattens it)",
-        ("unknown", "move_work"): "move_work on a node the API server does not have (e.g. a wrong node_map) lists no "
-                                  "pods and answers ok=True 'evicted 0 pod(s)'",
-    }
     secrets = (TOKEN,)
     K8S_NODE = "ip-10-0-0-7"
 
@@ -416,10 +404,6 @@ class LocalHarness(Harness):
     """Real processes on this machine (a sleeping Python per rank, started cold), found again through /proc."""
 
     name = "local"
-    known_bugs: ClassVar[dict[tuple[str, str], str]] = {
-        ("ok_in_one_line", "order"): "the detail of a started attempt does not name its order: "
-                                     "'attempt 1 started in 0.05s (…)'",
-    }
     JOB_ID = 7
     SLEEP = [sys.executable, "-c", "import time; time.sleep(120)"]
 

@@ -33,6 +33,7 @@ MIRROR_POD_ANNOTATION = "kubernetes.io/config.mirror"
 INSTALL_HINT = "pip install 'sentinel-cluster[kubernetes]'"
 CONFLICT_ATTEMPTS = 3  # read-modify-patch rounds when another writer changes the node in between
 _LABEL_VALUE_MAX_CHARS = 63
+DETAIL_MAX_CHARS = 400  # an outcome is one timeline line
 _NO_DEVICE_TOKENS = frozenset({"", "none", "void"})
 
 
@@ -245,7 +246,8 @@ class KubernetesExecutor(Executor):
     def _carry_out(self, api: Any, action: Action, node: str, where: str) -> Outcome:
         if action.kind == "drain_node":
             self._patch_node(api, node, lambda n: quarantine_patch(n, action.reason, action.incident_id))
-            return Outcome(True, f"cordoned {where} with taint {QUARANTINE_TAINT_KEY}:NoSchedule ({action.reason})")
+            return Outcome(True, _one_line(f"cordoned {where} with taint {QUARANTINE_TAINT_KEY}:NoSchedule "
+                                           f"({action.reason})", DETAIL_MAX_CHARS))
         if action.kind == "release_node":
             changed = self._patch_node(api, node, release_patch)
             return Outcome(True, f"released {where}" if changed else f"{where} carried no Sentinel quarantine")
@@ -301,8 +303,11 @@ class KubernetesExecutor(Executor):
     def _move_work(self, api: Any, action: Action, node: str, where: str) -> Outcome:
         listing = api.list_pod_for_all_namespaces(field_selector=f"spec.nodeName={node}", _preload_content=False,
                                                   _request_timeout=self._timeout_seconds)
+        pods = json.loads(listing.data).get("items") or []
+        if not pods:  # a node the API server does not have (a wrong node_map) must not look done: 404 raises
+            api.read_node(node, _preload_content=False, _request_timeout=self._timeout_seconds).read()
         gpu_resource = str(self.options.get("gpu_resource", "nvidia.com/gpu"))
-        plan = plan_evictions(json.loads(listing.data).get("items") or [], action, gpu_resource)
+        plan = plan_evictions(pods, action, gpu_resource)
         evicted: list[str] = []
         refused: list[str] = []
         for key in plan.evict:
@@ -320,7 +325,7 @@ class KubernetesExecutor(Executor):
             parts.append(f"not evicted: {', '.join(refused)}")
         if plan.skipped:
             parts.append(f"skipped: {', '.join(plan.skipped)}")
-        return Outcome(not refused, "; ".join(parts))
+        return Outcome(not refused, _one_line("; ".join(parts), DETAIL_MAX_CHARS))
 
     def _evict(self, api: Any, key: str) -> str | None:
         """Evict one pod; None when it is gone or going, else why not. A 429 is reported, never retried here."""

@@ -79,6 +79,8 @@ class LauncherExecutor(Executor):
         if action.kind != "order" or action.order is None or len(action.jobs) != 1:
             return Outcome(False, f"launcher executor cannot {action.kind!r} without exactly one job and its order")
         order, job = action.order, action.jobs[0]
+        if order.get("job_id") != job.id:
+            return Outcome(False, f"order {order.get('id')} is for job {order.get('job_id')}, not job {job.id}")
         woken = self.board.announce(job.id)
         detail = f"order {order['id']} for job {job.id}: {woken} waiting launcher(s) woken"
         hook = job.attributes.get("order_webhook")

@@ -89,7 +89,7 @@ class SlurmExecutor(Executor):
             # scontrol strips one leading and one trailing '"' from a reason; wrapping keeps the reason's own
             outcome = self._update_node(node, "State=DRAIN", f'Reason="{drain_reason(action.reason)}"')
         elif action.kind == "release_node":
-            outcome = self._update_node(node, "State=RESUME")
+            outcome = self._release(node)
         elif action.kind == "move_work":
             outcome = self._move_work(node, action.jobs)
         else:
@@ -119,7 +119,20 @@ class SlurmExecutor(Executor):
             return Outcome(False, f"{command} failed: {result.output}")
         return Outcome(True, command)
 
+    def _release(self, node: str) -> Outcome:
+        """RESUME a drained node; one that is not drained (any more) needs nothing, and Slurm would refuse."""
+        try:
+            state, _ = self.node_state(node)
+        except SlurmError:
+            state = ""  # let the update say what is wrong (unknown node, scontrol missing)
+        if state and "DRAIN" not in state:
+            return Outcome(True, f"node {node} is not drained ({state}): nothing to resume")
+        return self._update_node(node, "State=RESUME")
+
     def _move_work(self, node: str, jobs: tuple[JobRef, ...]) -> Outcome:
+        known = self._scontrol("show", "node", "-o", node)
+        if not known.ok:  # before any requeue: a job must not be moved off a node Slurm does not have
+            return Outcome(False, one_line(f"move_work node {node}: {known.output}"))
         done: list[str] = []
         failed: list[str] = []
         skipped = [f"{j.id} ({j.name})" for j in jobs if not j.attributes.get("slurm_job_id")]
@@ -131,7 +144,7 @@ class SlurmExecutor(Executor):
         parts = [f"failed: {'; '.join(failed)}"] if failed else []
         parts += [f"done: {'; '.join(done)}"] if done else []
         parts += [f"skipped, no slurm_job_id: jobs {', '.join(skipped)}"] if skipped else []
-        return Outcome(not failed, one_line(" | ".join(parts) or "no jobs to move"))
+        return Outcome(not failed, one_line(f"move_work node {node}: " + (" | ".join(parts) or "no jobs to move")))
 
     def _move_job(self, node: str, job_id: str) -> tuple[bool, str]:
         """Requeue a running job, then (once pending) exclude `node` and make it eligible now."""
