@@ -104,6 +104,11 @@ class JobTelemetry:
             if job_id is not None:
                 self.count_failure(job_id, str(data.get("reason", "unknown")))
 
+    def find(self, job_id: int) -> JobStats | None:
+        """The job's stats, if any telemetry of it was seen (a reader's lookup: it creates nothing)."""
+        with self._lock:
+            return self._jobs.get(job_id)
+
     def job(self, job_id: int, kind: str = "training") -> JobStats:
         with self._lock:
             stats = self._jobs.get(job_id)

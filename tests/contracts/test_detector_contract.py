@@ -103,15 +103,9 @@ def known_gap(reason: str, *names: str, raises: type[Exception] = AssertionError
     return {name: [pytest.mark.xfail(strict=True, raises=raises, reason=f"{name}: {reason}")] for name in names}
 
 
-NO_CLASS_DOCSTRING = known_gap(
-    "the class has no docstring (what it watches and its tunables are only in the module docstring)",
-    "hang", "heartbeat", "task_exit")
 NO_EVIDENCE_WINDOW = known_gap(
     "periodic (statistical), but its evidence has no metric window (evidence['window']) to show what was seen",
     "hang", "heartbeat", raises=KeyError)
-HOLDS_WRITES = known_gap(
-    "holds() calls ctx.jobs.job(id), which creates an empty JobStats for a job it has never seen "
-    "(DetectionContext: detectors never write)", "task_exit")
 NODE_LEMON_QUARANTINES = known_gap(
     "a node lemon (no accelerator) recommends `quarantine`, which needs an accelerator: remediation does "
     "nothing; its next steps say cordon the node (`drain_node`)", "lemon")
@@ -205,7 +199,7 @@ def test_registered_under_its_name_and_loaded_by_the_engine(name: str):
     assert name not in [d.name for d in load_detectors(Settings(disabled_detectors=[name]))]
 
 
-@pytest.mark.parametrize("name", implementations(NAMES, marks=NO_CLASS_DOCSTRING))
+@pytest.mark.parametrize("name", implementations(NAMES))
 def test_documented_with_its_options(name: str):
     """With test_registered_...: test_detector_feedback.py's test_registered_periodic_and_documented, over all."""
     cls = DETECTORS[name]
@@ -244,7 +238,7 @@ def test_holds_for_an_unrelated_incident_answers_without_raising(name: str):
         assert answer is False, "not among the conditions that held at the last evaluation"
 
 
-@pytest.mark.parametrize("name", implementations(NAMES, marks=HOLDS_WRITES))
+@pytest.mark.parametrize("name", implementations(NAMES))
 def test_reading_an_empty_context_writes_nothing(name: str):
     world = empty_world()
     detector = DETECTORS[name](world.settings)

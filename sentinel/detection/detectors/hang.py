@@ -17,6 +17,14 @@ from sentinel.live.jobs import RankStats
 
 @register
 class HungTask(Detector):
+    """A rank whose process lives but whose step count stopped moving; one incident per job, naming the rank
+    that stopped first (its peers block in the next collective behind it).
+
+    Options (defaults): none of its own beyond `every` (each round); its limits are server settings,
+    hang_min_seconds (5), hang_step_factor (20) × the rank's p95 step, and hang_startup_seconds (600) before
+    the first step. Layer: software, or compute when the stalled rank's accelerator is pinned at 100 %.
+    """
+
     name = "hang"
     periodic = True
 

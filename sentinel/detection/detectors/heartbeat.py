@@ -9,6 +9,13 @@ from sentinel.incidents.findings import Finding, Subject
 
 @register
 class HeartbeatLoss(Detector):
+    """A node the liveness check marked down; many at once are one fleet-wide incident naming every node (a
+    partition pages once and trips no drain).
+
+    Options (defaults): none of its own beyond `every` (each round, and at once when liveness marks a node
+    down); a node is down after the server setting missed_intervals_down (3) of its own intervals.
+    """
+
     name = "heartbeat"
     periodic = True
 

@@ -14,6 +14,10 @@ CORRELATE_SECONDS = 120.0  # a hardware fault on the node this recently is the l
 
 @register
 class TaskExit(Detector):
+    """A task that exited with a non-zero code, a signal or an exception, on the report that carried the
+    exit; one incident per job. Exits of an attempt Sentinel ordered replaced are expected and not judged.
+    A hardware fault on the same node within the last 2 minutes is named as the likelier cause."""
+
     name = "task_exit"
 
     def on_report(self, ctx: DetectionContext, live: NodeLive, report: NodeReport,
@@ -73,7 +77,9 @@ class TaskExit(Detector):
         """Clears once the job steps again after the incident opened (it was restarted or recovered)."""
         if incident.job_id is None:
             return None
-        stats = ctx.jobs.job(incident.job_id)
+        stats = ctx.jobs.find(incident.job_id)
+        if stats is None:
+            return True  # no telemetry of the job (yet): nothing shows it stepping again
         stepping = any(r.last_progress_at is not None and r.last_progress_at > incident.opened_at and not r.ended
                        for r in stats.ranks.values())
         return not stepping
