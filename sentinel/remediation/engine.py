@@ -171,12 +171,11 @@ class RemediationEngine:
 
     def _context(self) -> Context:
         return Context(settings=self.settings, breaker=self.breaker, placement=self.placement, fleet=self.fleet,
-                       counts=self.counts, now=to_datetime(self.clock.time()))
+                       counts=self.counts, now=to_datetime(self.clock.time()), on_order=self.recoveries.ordered)
 
     def _finish(self, incident_id: int | None, out: Outcome) -> Outcome:
         """After the commit: orders delivered, node actions carried out, the incident's timeline written."""
         for ordered in out.orders:
-            self.recoveries.ordered(ordered.job_id, ordered.attempt, self.clock.time())
             self._deliver(ordered, incident_id)
         for action in out.actions:
             for executor in self.executors:

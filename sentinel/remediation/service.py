@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
@@ -68,6 +69,8 @@ class Context:
     fleet: Fleet
     counts: Counts
     now: datetime
+    # told of each order as it is issued, before the commit: from then on the job's old ranks stop on purpose
+    on_order: Callable[[int, int, float], None] = lambda job_id, attempt, at: None
 
     def node_states(self) -> dict[str, str]:
         return {n.name: n.state for n in self.fleet.all()}
@@ -358,5 +361,6 @@ def _order(session: Session, ctx: Context, job: Job, placement: dict[int, tuple[
     out.lines.append(f"order {order.id}: job {job.id} ({job.name}) attempt {order.attempt}, {how}"
                      + (f"; {moved}" if moved else "; same placement"))
     out.orders.append(Ordered(job.id, order.attempt, order_dict(order), job_ref(job)))
+    ctx.on_order(job.id, order.attempt, ctx.now.timestamp())
     log.warning("order issued: order=%s job=%d attempt=%d kind=%s incident=%s %s", order.id, job.id,
                 order.attempt, kind, incident_id, moved or "same placement")
