@@ -17,6 +17,14 @@ from sentinel.telemetry.schemas import EVENT_KINDS, HardwareEvent
 SEVERITIES = ("info", "warning", "critical")
 ACTIONS = ("record", "restart_task", "reset_accelerator", "restart_node")
 LAYERS = ("hardware", "interconnect", "compute", "input_pipeline", "checkpoint_io", "software")
+# NVIDIA's "Resolution Bucket (Immediate Action)" names, verbatim from the Xid catalog's Xids sheet
+# (docs.nvidia.com/deploy/xid-errors/analyzing-xid-catalog.html). "" means NVIDIA gives none.
+BUCKETS = ("RESTART_APP", "RESET_GPU", "RESTART_BM", "RESTART_VM", "IGNORE", "CONTACT_SUPPORT",
+           "CHECK_MECHANICALS", "CHECK_UVM", "UPDATE_SWFW", "WORKFLOW_XID_45", "WORKFLOW_XID_48",
+           "WORKFLOW_NVLINK_ERR", "WORKFLOW_NVLINK5_ERR", "XID_154")
+# What normally causes the fault: the running program, the GPU and its links, or the driver/firmware.
+ORIGINS = ("application", "hardware", "driver")
+_DEFAULTS = {"bucket": "", "origin": "hardware"}  # a catalog file written before these fields still loads
 MAX_XID = 100_000  # as HardwareEvent.xid
 
 
@@ -32,6 +40,13 @@ class CatalogEntry:
     layer: str
     explanation: str = ""
     next_steps: tuple[str, ...] = ()
+    bucket: str = ""  # NVIDIA's resolution bucket, verbatim ("" where NVIDIA gives none, or not an XID)
+    origin: str = "hardware"
+
+    @property
+    def application(self) -> bool:
+        """Normally caused by the running program, not the accelerator (XID 13, 31, 43, 45, RESTART_APP)."""
+        return self.origin == "application"
 
     @property
     def opens_incident(self) -> bool:
@@ -55,13 +70,15 @@ def _fill(template: str, values: dict[str, Any]) -> str:
 def _entry(where: str, raw: object) -> CatalogEntry:
     if not isinstance(raw, dict):
         raise CatalogError(f"{where}: must be a table, not {type(raw).__name__} {raw!r:.40}")
-    known = {"title", "severity", "action", "layer", "explanation", "next_steps", "codes"}
+    known = {"title", "severity", "action", "layer", "explanation", "next_steps", "codes", "bucket", "origin"}
     unknown = set(raw) - known
     if unknown:
         raise CatalogError(f"{where}: unknown field(s) {', '.join(sorted(unknown))}")
-    for name, allowed in (("severity", SEVERITIES), ("action", ACTIONS), ("layer", LAYERS)):
-        if raw.get(name) not in allowed:
-            raise CatalogError(f"{where}: {name} must be one of {', '.join(allowed)}, not {raw.get(name)!r}")
+    for name, allowed in (("severity", SEVERITIES), ("action", ACTIONS), ("layer", LAYERS),
+                          ("bucket", ("", *BUCKETS)), ("origin", ORIGINS)):
+        if raw.get(name, _DEFAULTS.get(name)) not in allowed:
+            raise CatalogError(f"{where}: {name} must be one of {', '.join(a or repr(a) for a in allowed)}, "
+                               f"not {raw.get(name)!r}")
     if not isinstance(raw.get("title"), str) or not raw["title"]:
         raise CatalogError(f"{where}: needs a title")
     steps = raw.get("next_steps", [])
@@ -71,7 +88,8 @@ def _entry(where: str, raw: object) -> CatalogEntry:
     if not isinstance(explanation, str):
         raise CatalogError(f"{where}: explanation must be a string")
     return CatalogEntry(title=raw["title"], severity=raw["severity"], action=raw["action"], layer=raw["layer"],
-                        explanation=explanation, next_steps=tuple(steps))
+                        explanation=explanation, next_steps=tuple(steps),
+                        bucket=raw.get("bucket", _DEFAULTS["bucket"]), origin=raw.get("origin", _DEFAULTS["origin"]))
 
 
 def _is_xid(code: object) -> bool:
@@ -160,4 +178,5 @@ class FaultCatalog:
 
 def _entry_dict(entry: CatalogEntry) -> dict[str, Any]:
     return {"title": entry.title, "severity": entry.severity, "action": entry.action, "layer": entry.layer,
-            "explanation": entry.explanation, "next_steps": list(entry.next_steps)}
+            "explanation": entry.explanation, "next_steps": list(entry.next_steps), "bucket": entry.bucket,
+            "origin": entry.origin}

@@ -173,3 +173,21 @@ def test_every_alert_fires_in_a_unit_test() -> None:
     assert names - fired == set(), f"alerts no unit test shows firing: {sorted(names - fired)}"
     assert {case["alertname"] for case in cases} <= names, "unit tests name alerts the rules do not have"
     assert len(quiet) >= len(names) // 2, "most alerts should also have a case where they stay quiet"
+
+
+def _xids(expr: str, op: str) -> set[int]:
+    [codes] = set(re.findall(r'sentinel_accelerator_xid_errors_total\{xid' + re.escape(op) + r'"([0-9|]+)"\}', expr))
+    return {int(c) for c in codes.split("|")}
+
+
+def test_the_xid_alerts_follow_the_fault_catalog() -> None:
+    """AcceleratorFatalXid fires on exactly the XIDs the built-in catalog calls critical; AcceleratorXidErrors on
+    every other XID the catalog does not merely record (info): the alerts and the incidents agree."""
+    from sentinel.detection.catalog import FaultCatalog
+
+    catalog = FaultCatalog.load()
+    critical = {x for x, e in catalog.xids.items() if e.severity == "critical"}
+    info = {x for x, e in catalog.xids.items() if e.severity == "info"}
+    rules = {r["alert"]: r["expr"] for r in load_rules() if "alert" in r}
+    assert _xids(rules["AcceleratorFatalXid"], "=~") == critical
+    assert _xids(rules["AcceleratorXidErrors"], "!~") == critical | info
