@@ -41,8 +41,9 @@ def cmd_server(args: argparse.Namespace) -> int:
             "listening on %s without TLS: bearer tokens cross the network in clear; set tls_certfile and "
             "tls_keyfile or put a TLS proxy in front (docs/security.md)", settings.host)
     app = create_app(settings)
+    # a stop waits at most 5 s for open requests: long-polls (orders, commands) end as "nothing new" on it
     uvicorn.run(app, host=settings.host, port=settings.port, log_level="warning", access_log=args.access_log,
-                server_header=False, **tls_options(settings))
+                server_header=False, **{"timeout_graceful_shutdown": 5, **tls_options(settings)})
     return 0
 
 
@@ -52,10 +53,8 @@ def tls_options(settings: Any) -> dict[str, Any]:
         return {}
     import ssl
 
-    # An idle keep-alive TLS connection otherwise holds a stop for asyncio's 30 s SSL shutdown timeout.
     options: dict[str, Any] = {"ssl_certfile": str(settings.tls_certfile),
-                               "ssl_keyfile": str(settings.tls_keyfile) if settings.tls_keyfile else None,
-                               "timeout_graceful_shutdown": 5}
+                               "ssl_keyfile": str(settings.tls_keyfile) if settings.tls_keyfile else None}
     if settings.tls_ca_certs is not None:
         options |= {"ssl_ca_certs": str(settings.tls_ca_certs), "ssl_cert_reqs": ssl.CERT_REQUIRED}
     return options

@@ -1,14 +1,19 @@
 """Long-polls: coroutines wait on a key (a node, a job) and any thread wakes them. Drills and probes for an
-agent (nodes/commands.py) and orders for a launcher (remediation/executors/launcher.py) are delivered so."""
+agent (nodes/commands.py) and orders for a launcher (remediation/executors/launcher.py) are delivered so.
+
+A server that stops cancels the requests still waiting (uvicorn, past its graceful shutdown). That is an
+ordinary end of a long-poll, not an error: the wait ends ("stopped") and the caller answers with what it
+has, so the poller hears "nothing new" and asks again (another server, or this one restarted)."""
 
 from __future__ import annotations
 
 import asyncio
 import threading
 from collections.abc import Callable, Hashable
-from typing import Generic, TypeVar
+from typing import Generic, Literal, TypeVar
 
 K = TypeVar("K", bound=Hashable)
+Wake = Literal["rang", "ready", "timeout", "stopped"]
 
 
 class Doorbell(Generic[K]):
@@ -24,17 +29,25 @@ class Doorbell(Generic[K]):
             loop.call_soon_threadsafe(event.set)
         return len(waiters)
 
-    async def wait(self, key: K, timeout_seconds: float, ready: Callable[[], bool] = lambda: False) -> None:
+    async def wait(self, key: K, timeout_seconds: float, ready: Callable[[], bool] = lambda: False) -> Wake:
         """Until `key` rings or the timeout; at once when `ready()` (checked after the waiter is in place, so a
-        ring between the caller's check and this wait is never lost)."""
+        ring between the caller's check and this wait is never lost). "stopped": the request was cancelled
+        (the server is stopping); the cancellation is absorbed so the caller can still answer."""
         event = asyncio.Event()
         with self._lock:
             self._waiters.setdefault(key, []).append((asyncio.get_running_loop(), event))
         try:
-            if not ready():
-                await asyncio.wait_for(event.wait(), timeout_seconds)
+            if ready():
+                return "ready"
+            await asyncio.wait_for(event.wait(), timeout_seconds)
+            return "rang"
         except TimeoutError:
-            pass
+            return "timeout"
+        except asyncio.CancelledError:
+            task = asyncio.current_task()
+            if task is not None:
+                task.uncancel()
+            return "stopped"
         finally:
             with self._lock:
                 left = [w for w in self._waiters.get(key, []) if w[1] is not event]

@@ -5,11 +5,14 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
+import time
 from datetime import datetime
 from pathlib import Path
 
 import httpx
+import psutil
 import pytest
 
 from tests.live import LiveServer, free_port, sentinel_cmd
@@ -68,3 +71,52 @@ def test_the_demo_tells_the_story_and_its_figures_are_the_servers(tmp_path: Path
     for figure in (f"{figures['detection_latency_seconds']:.3f} s", f"{figures['recovery_seconds']:.2f} s",
                    str(figures["lost_steps"])):
         assert figure in out, f"the timeline shows {figure}"
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGKILL], ids=lambda s: signal.Signals(s).name)
+def test_a_stopped_demo_leaves_none_of_its_processes(tmp_path: Path, sig: int) -> None:
+    """Stopped while its job starts (server, agents, launcher, zygote, ranks all up): the whole tree goes, and
+    a SIGTERM exits 128 + 15 after stopping it; a SIGKILL leaves it to the tethers."""
+    out = tmp_path / "out.txt"
+    tree: list[psutil.Process] = []
+    with open(out, "wb") as fh:
+        demo = subprocess.Popen(sentinel_cmd("demo", "--data-dir", str(tmp_path / "demo"), "--port", str(free_port())),
+                                env={**os.environ, "COLUMNS": "100"}, stdout=fh, stderr=fh, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline and not any("sentinel.launcher.zygote" in _command(p) for p in tree):
+            time.sleep(0.2)
+            tree = psutil.Process(demo.pid).children(recursive=True)
+        assert "3. A real training job" in out.read_text() and len(tree) >= 5, out.read_text()
+
+        os.kill(demo.pid, sig)
+        code = demo.wait(60)
+
+        assert code == (-sig if sig == signal.SIGKILL else 128 + sig), out.read_text()[-2000:]
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline and _alive(tree):
+            time.sleep(0.2)
+        assert _alive(tree) == []
+    finally:
+        for p in _alive(tree):  # whatever a failing test left running
+            p.kill()
+        if demo.poll() is None:
+            demo.kill()
+
+
+def _command(proc: psutil.Process) -> str:
+    try:
+        return " ".join(proc.cmdline())
+    except psutil.Error:
+        return ""
+
+
+def _alive(procs: list[psutil.Process]) -> list[psutil.Process]:
+    left = []
+    for p in procs:
+        try:
+            if p.is_running() and p.status() != psutil.STATUS_ZOMBIE:
+                left.append(p)
+        except psutil.NoSuchProcess:
+            continue
+    return left

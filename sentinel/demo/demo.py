@@ -8,6 +8,10 @@ quarantine, the order, the job stepping again on the spare. It ends with a timel
 the server running with its URLs until Ctrl-C (`--exit` stops at the end). The job checkpoints every
 10 steps to each node's local tier and every 50 to a shared tier; the restart resumes from the server's
 recovery plan. Every step is real; what is simulated (the accelerators) is said, never hidden.
+
+SIGTERM, SIGINT or SIGHUP stop the demo (each process it started gets SIGINT, then SIGKILL) and it exits
+128 + the signal; SIGKILLed, it leaves nothing either: its processes are tethered to it (they get SIGTERM
+when it dies, launcher/tether.py), and the launcher stops its ranks and standbys in turn.
 """
 
 from __future__ import annotations
@@ -28,13 +32,26 @@ import httpx
 from rich.console import Console
 from rich.table import Table
 
+from sentinel.launcher.tether import tethered
+
 LOCAL_EVERY, SHARED_EVERY = 10, 50
 WIDTH = 100
 FAULTS = ("xid", "hang", "crash")
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
 
 
 class DemoError(Exception):
     pass
+
+
+class DemoStopped(Exception):
+    def __init__(self, signum: int):
+        super().__init__(signal.Signals(signum).name)
+        self.signum = signum
+
+
+def _stop_signal(signum: int, _frame: Any) -> None:
+    raise DemoStopped(signum)
 
 
 def _sentinel(*args: str) -> list[str]:
@@ -77,7 +94,7 @@ class Demo:
 
     def start(self, name: str, argv: list[str], env: dict[str, str]) -> subprocess.Popen[bytes]:
         log = open(self.data_dir / f"{name}.log", "ab")  # noqa: SIM115 - the child keeps it
-        proc = subprocess.Popen(argv, env=env, stdout=log, stderr=log, start_new_session=True)
+        proc = subprocess.Popen(tethered(argv), env=env, stdout=log, stderr=log, start_new_session=True)
         self.procs.append(proc)
         return proc
 
@@ -315,6 +332,7 @@ def run_demo(*, data_dir: Path | None, port: int, fault: str = "xid:79", exit_af
     data_dir = data_dir or Path(tempfile.mkdtemp(prefix="sentinel-demo-"))
     data_dir.mkdir(parents=True, exist_ok=True)
     demo = Demo(data_dir=data_dir, port=port, fault=parsed, console=console)
+    previous = {sig: signal.signal(sig, _stop_signal) for sig in STOP_SIGNALS}
     try:
         demo.run()
         console.print("[bold]Where to look[/]" + ("" if exit_after else " (the server keeps running)") + ":")
@@ -333,8 +351,13 @@ def run_demo(*, data_dir: Path | None, port: int, fault: str = "xid:79", exit_af
     except DemoError as exc:
         console.print(f"[red]error:[/] {exc}")
         return 1
-    except KeyboardInterrupt:
-        return 0
+    except DemoStopped as stop:
+        console.print(f"{stop}: stopping the demo's processes")
+        return 128 + stop.signum
     finally:
+        for sig in STOP_SIGNALS:  # the stop below runs to its end; tethered children follow this process anyway
+            signal.signal(sig, signal.SIG_IGN)
         demo.stop()
         console.print("demo stopped")
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)

@@ -8,12 +8,15 @@ orders: it long-polls for them, acknowledges, has the local executor start the n
 
 The launcher does not restart anything on its own: a rank that dies is seen by the node agent, the
 server decides, and the order comes back here. It ends when every rank of the current attempt exits
-0, or on Ctrl-C (the ranks are stopped).
+0, or on SIGTERM, SIGINT or SIGHUP: every rank and standby gets SIGTERM, then SIGKILL after a grace period
+(a second signal: at once), and the launcher exits 128 + the signal. SIGKILLed, it leaves nothing either:
+the zygote that forked every process of the job sees its control pipe close and stops them (local.py).
 """
 
 from __future__ import annotations
 
 import logging
+import signal
 import socket
 import sys
 import threading
@@ -21,13 +24,23 @@ import time
 from typing import Any, TextIO
 
 from sentinel.client import ApiError, SentinelClient
-from sentinel.launcher.local import LocalProcesses, Rank
+from sentinel.launcher.local import STOP_GRACE_SECONDS, LocalProcesses, Rank
 from sentinel.remediation.executors.base import Action, JobRef
 
 # A server that is away, or a standby still taking over, is asked again for this long before a launcher gives up.
 RETRY_SECONDS = 60.0
 
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
+
 log = logging.getLogger("sentinel.launch")
+
+
+class Stopped(Exception):
+    """A stop signal reached the launcher."""
+
+    def __init__(self, signum: int):
+        super().__init__(signal.Signals(signum).name)
+        self.signum = signum
 
 
 class Launcher:
@@ -44,11 +57,13 @@ class Launcher:
         if client.token:
             env["SENTINEL_TOKEN"] = client.token
         self.local = LocalProcesses(argv=argv, nproc=nproc, env=env, warm=warm, preload=preload,
-                                    on_started=self._register_tasks, out=out)
+                                    on_started=self._register_tasks, out=out, on_exit=self._wake_up)
         self.local.label = name
         self._orders: list[dict[str, Any]] = []
         self._orders_lock = threading.Lock()
         self._stop = threading.Event()
+        self._wake = threading.Event()  # an order came, or a process ended
+        self._closing = False
         self.restarts: list[dict[str, Any]] = []  # (order id, attempt, seconds from order to ranks started)
 
     @property
@@ -65,6 +80,9 @@ class Launcher:
 
     def say(self, text: str) -> None:
         self.local.say(text)
+
+    def _wake_up(self) -> None:
+        self._wake.set()
 
     def _register_tasks(self, started: list[Rank], attempt: int) -> None:
         for r in started:
@@ -89,12 +107,24 @@ class Launcher:
                 seen.update(o["id"] for o in fresh)
                 with self._orders_lock:
                     self._orders.append(newest)
+                self._wake.set()
 
     def carry_out(self, order: dict[str, Any]) -> None:
         """Acknowledge, have the local executor start the order's attempt, report `done` or `failed`."""
         received = time.monotonic()
-        self.client.post(f"/orders/{order['id']}/ack", {"status": "acknowledged", "detail": "launcher got it"},
-                         retry_seconds=RETRY_SECONDS)
+        # acknowledged while the attempt starts: the round trip must not delay the ranks ('done' waits for it)
+        acked: list[BaseException | None] = []
+
+        def acknowledge() -> None:
+            try:
+                self.client.post(f"/orders/{order['id']}/ack", {"status": "acknowledged", "detail": "launcher got it"},
+                                 retry_seconds=RETRY_SECONDS)
+                acked.append(None)
+            except Exception as exc:  # raised below, in this thread, as before
+                acked.append(exc)
+
+        ack = threading.Thread(target=acknowledge, name="sentinel-launch-ack", daemon=True)
+        ack.start()
         self.say(f"order {order['id']}: {order['kind']} as attempt {order['attempt']} ({order['reason']})")
         slots = order.get("placement") or [{}]
         action = Action("order", str(slots[0].get("node", "")), str(order.get("reason", "")),
@@ -104,22 +134,33 @@ class Launcher:
         self.restarts.append({"order": order["id"], "attempt": order["attempt"],
                               "seconds": time.monotonic() - received})
         detail = result.detail.removeprefix(f"order {order['id']}: ")  # the ack names the order already
+        ack.join(RETRY_SECONDS + 30)
+        if acked and acked[0] is not None:
+            raise acked[0]
         self.client.post(f"/orders/{order['id']}/ack", {"status": "done" if result.ok else "failed",
                                                         "detail": detail}, retry_seconds=RETRY_SECONDS)
 
     # -- the whole run --------------------------------------------------------------------------------
+    def _on_signal(self, signum: int, _frame: Any) -> None:
+        if self._closing:
+            self.local.hurry()  # a second signal while stopping: SIGKILL now
+            return
+        self._closing = True
+        raise Stopped(signum)
+
+    def _trap_signals(self) -> dict[int, Any]:
+        if threading.current_thread() is not threading.main_thread():
+            return {}
+        return {sig: signal.signal(sig, self._on_signal) for sig in STOP_SIGNALS}
+
     def run(self) -> int:
-        spec = {"name": self.name, "kind": self.kind, "world_size": self.nproc,
-                "attributes": {"launcher": "sentinel launch", "host": socket.gethostname(),
-                               "command": " ".join(self.argv)[:500]}}
-        self.local.job_id = int(self.client.post("/jobs", spec)["id"])
-        self.local.fill_standbys()
-        placement = self.client.post(f"/jobs/{self.job_id}/placement", {"nodes": self.nodes})
-        self.say(f"job {self.job_id} registered; {self.nproc} rank(s)")
-        self.local.start_attempt(placement, 0)
-        threading.Thread(target=self._poll_orders, name="sentinel-launch-orders", daemon=True).start()
+        """Until every rank of the current attempt exits 0 (0), or a stop signal (128 + the signal)."""
+        previous = self._trap_signals()
         try:
+            self.local.fill_standbys()  # the zygote imports the preloads while the job registers
+            self._start_job()
             while True:
+                self._wake.clear()
                 with self._orders_lock:
                     pending, self._orders = self._orders, []
                 if pending:
@@ -128,10 +169,25 @@ class Launcher:
                 if all(c == 0 for c in self.local.exit_codes()):
                     self.say(f"every rank of attempt {self.attempt} finished")
                     return 0
-                time.sleep(0.02)
-        except KeyboardInterrupt:
-            self.say("interrupted: stopping the ranks")
-            return 130
+                self._wake.wait(1.0)
+        except (Stopped, KeyboardInterrupt) as stop:
+            signum = stop.signum if isinstance(stop, Stopped) else int(signal.SIGINT)
+            self.say(f"{signal.Signals(signum).name}: stopping the ranks and standbys (SIGTERM, "
+                     f"{STOP_GRACE_SECONDS:g}s, SIGKILL)")
+            return 128 + signum
         finally:
+            self._closing = True
             self._stop.set()
             self.local.close()
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
+
+    def _start_job(self) -> None:
+        spec = {"name": self.name, "kind": self.kind, "world_size": self.nproc,
+                "attributes": {"launcher": "sentinel launch", "host": socket.gethostname(),
+                               "command": " ".join(self.argv)[:500]}}
+        self.local.job_id = int(self.client.post("/jobs", spec)["id"])
+        placement = self.client.post(f"/jobs/{self.job_id}/placement", {"nodes": self.nodes})
+        self.say(f"job {self.job_id} registered; {self.nproc} rank(s)")
+        self.local.start_attempt(placement, 0)
+        threading.Thread(target=self._poll_orders, name="sentinel-launch-orders", daemon=True).start()

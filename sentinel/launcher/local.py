@@ -5,15 +5,16 @@ A restart stops every rank, then starts the next attempt on the order's placemen
 port (a restarted gloo group must never meet the old one's addresses — ENVIRONMENT.md). A serving replica
 is replaced the other way round: the replacement starts before the old replica stops.
 
-Warm standbys (default for `python script.py` and `python -m module`): one process per rank that has
-already imported the heavy modules (`preload`, default torch) waits to become the next attempt's rank, so
-a restart costs a rendezvous rather than an interpreter start and `import torch` (standby.py).
+Every process of the job is forked by one zygote (zygote.py, children.py), which outlives nothing: stopping
+it, or the launcher dying, stops every rank and standby. Warm standbys (default for `python script.py` and
+`python -m module`): the zygote has imported the heavy modules (`preload`, default torch), and a standby
+forked from it waits to become the next attempt's rank, so a restart costs a rendezvous rather than an
+interpreter start and `import torch` (standby.py). Refilling a standby is a fork: milliseconds.
 """
 
 from __future__ import annotations
 
 import contextlib
-import json
 import logging
 import os
 import shutil
@@ -23,17 +24,27 @@ import subprocess
 import sys
 import threading
 import time
+from collections import Counter
 from collections.abc import Callable
-from dataclasses import dataclass, field
-from typing import Any, TextIO
+from dataclasses import dataclass
+from typing import Any, Protocol, TextIO
 
+from sentinel.launcher.children import Child, Zygote
+from sentinel.launcher.rendezvous import wait_listening
 from sentinel.remediation.executors.base import Action, Executor, Outcome, register
 
 log = logging.getLogger("sentinel.launch")
 
 # What a torch job imports before its first step. torch._dynamo matters most: DistributedDataParallel's
-# constructor imports it, ~1 s on a small machine, and that would be paid on every restart.
-DEFAULT_PRELOAD = ["torch", "torch.distributed", "torch.nn.parallel", "torch._dynamo"]
+# constructor imports it, ~1 s on a small machine, and that would be paid on every restart. The SDK is what a
+# job run by Sentinel imports next; a module that is not installed is skipped.
+DEFAULT_PRELOAD = ["torch", "torch.distributed", "torch.nn.parallel", "torch._dynamo", "sentinel.sdk",
+                   "sentinel.sdk.checkpoint", "sentinel.sdk.torch"]
+STOP_GRACE_SECONDS = 5.0  # a stop: SIGTERM, this long, then SIGKILL (Slurm's KillWait and Kubernetes' are 30 s)
+RENDEZVOUS_WAIT_SECONDS = 1.0  # a warm attempt's other ranks wait at most this for rank 0's store to listen
+RENDEZVOUS_LEARN_SECONDS = 120.0
+WARM = ("standby", "forked")
+PRELOAD_WAIT_SECONDS = 300.0  # a first attempt waits this long for the zygote's preloads rather than start cold
 
 
 def free_port() -> int:
@@ -42,28 +53,50 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
+class Process(Protocol):
+    """What the executor needs of a rank's process (a `Child`; Popen fits too)."""
+
+    pid: int
+
+    def poll(self) -> int | None: ...
+
+    def wait(self, timeout: float | None = None) -> int: ...
+
+
 @dataclass
 class Rank:
     rank: int
     node: str
     accelerators: list[str]
     agent_url: str | None
-    proc: subprocess.Popen[bytes]
+    proc: Process
 
 
-@dataclass
-class Standby:
-    proc: subprocess.Popen[bytes]
-    ready: threading.Event = field(default_factory=threading.Event)
-
-
-def kill(proc: subprocess.Popen[bytes]) -> None:
+def kill(proc: Process) -> None:
     """SIGKILL the process group of `proc` (a rank and whatever it started) and reap it."""
-    if proc.poll() is None:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGKILL)
+    signal_group(proc, signal.SIGKILL)
     with contextlib.suppress(subprocess.TimeoutExpired):
         proc.wait(timeout=10)
+
+
+def signal_group(proc: Process, sig: int) -> None:
+    if proc.pid > 0 and proc.poll() is None:  # never pid 0: killpg(0) is this very process group
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(proc.pid, sig)
+
+
+def attempt_label(started: list[Rank]) -> str:
+    """How an attempt started, honestly: warm only when every rank got a standby that was ready."""
+    how = Counter(getattr(r.proc, "how", "cold") for r in started)
+    total = len(started)
+    if how["standby"] == total:
+        return "warm"
+    if how["cold"] == total:
+        return f"cold: {total} of {total} rank(s) started fresh, no standby"
+    parts = [f"{n} {text}" for key, text in (("standby", "from ready standbys"), ("forked", "forked on demand"),
+                                             ("waited", "waited for the preloads"), ("cold", "started cold"))
+             if (n := how[key])]
+    return "not warm: " + ", ".join(parts)
 
 
 @register
@@ -73,7 +106,8 @@ class LocalProcesses(Executor):
 
     def __init__(self, options: dict[str, Any] | None = None, *, argv: list[str] | None = None, nproc: int = 1,
                  env: dict[str, str] | None = None, warm: bool = True, preload: list[str] | None = None,
-                 on_started: Callable[[list[Rank], int], None] | None = None, out: TextIO = sys.stdout):
+                 on_started: Callable[[list[Rank], int], None] | None = None, out: TextIO = sys.stdout,
+                 on_exit: Callable[[], None] = lambda: None):
         super().__init__(options)
         self.argv = argv or list(self.options.get("argv", []))
         if not self.argv:
@@ -87,8 +121,13 @@ class LocalProcesses(Executor):
         self.label = ""
         self.attempt = 0
         self.ranks: list[Rank] = []
-        self.standbys: list[Standby] = []
+        self.standbys: list[Child] = []
         self.warm = warm and self._warmable() is not None
+        self.on_exit = on_exit  # a rank or standby ended (from the zygote's event thread)
+        self._zygote: Zygote | None = None
+        self._closing: Zygote | None = None
+        self._rendezvous_seen: bool | None = None  # rank 0 listened on MASTER_PORT in an earlier attempt
+        self._lock = threading.RLock()
 
     def say(self, text: str) -> None:
         print(f"[launch {self.label}] {text}", file=self.out, flush=True)
@@ -138,43 +177,64 @@ class LocalProcesses(Executor):
             return {"argv": [os.path.abspath(self.argv[1]), *self.argv[2:]]}
         return None
 
-    def _spawn_standby(self) -> Standby:
-        interpreter = shutil.which(self.argv[0]) or self.argv[0]
-        cmd = [interpreter, "-m", "sentinel.launcher.standby", *[a for m in self.preload for a in ("--preload", m)]]
-        proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, start_new_session=True)
-        standby = Standby(proc)
-
-        def watch() -> None:
-            assert proc.stdout is not None
-            if proc.stdout.readline().strip() == b"ready":
-                standby.ready.set()
-            # from here on the rank writes to the launcher's stdout
-            for line in proc.stdout:
-                sys.stdout.buffer.write(line)
-                sys.stdout.flush()
-
-        threading.Thread(target=watch, daemon=True).start()
-        return standby
+    def zygote(self) -> Zygote:
+        """The zygote every process of the job is forked from; started on first use, again if it died (its
+        children died with it). Warm: the job's interpreter with the preloads; cold: this one, bare."""
+        with self._lock:
+            old = self._zygote
+            if old is not None and old.alive():
+                return old
+            if old is not None and self.warm and not old.ready.is_set():
+                self.warm = False
+                self.say(f"warm standbys unavailable (the zygote exited before its preloads, status "
+                         f"{old.proc.poll()}): every rank starts cold")
+            elif old is not None:
+                log.warning("zygote gone, starting another: job=%d pid=%d status=%s", self.job_id, old.pid,
+                            old.proc.poll())
+            interpreter = (shutil.which(self.argv[0]) or self.argv[0]) if self.warm else sys.executable
+            self._zygote = Zygote(interpreter, self.preload if self.warm else [], grace_seconds=STOP_GRACE_SECONDS,
+                                  on_exit=lambda child: self.on_exit())
+            return self._zygote
 
     def fill_standbys(self, announce: bool = False) -> None:
-        if self.warm:
+        """One standby per rank, forked from the zygote (milliseconds once its preloads are in)."""
+        if not self.warm:
+            return
+        with self._lock:
+            zygote = self.zygote()
+            self.standbys = [s for s in self.standbys if s.poll() is None]
             while len(self.standbys) < self.nproc:
-                self.standbys.append(self._spawn_standby())
-            if announce and all(s.ready.wait(timeout=300) for s in list(self.standbys)):
-                self.say(f"{len(self.standbys)} warm standby(s) ready for the next attempt")
+                self.standbys.append(zygote.fork())
+            waiting = list(self.standbys)
+        if announce and all(s.started.wait(timeout=PRELOAD_WAIT_SECONDS) and s.error is None for s in waiting):
+            missing = f" (not preloaded: {', '.join(zygote.failed_preloads)})" if zygote.failed_preloads else ""
+            self.say(f"{len(waiting)} warm standby(s) ready for the next attempt{missing}")
 
-    def _start(self, env: dict[str, str]) -> subprocess.Popen[bytes]:
-        spec = self._warmable()
-        while self.warm and self.standbys and spec is not None:
+    def _take_standby(self) -> tuple[Zygote, Child]:
+        """A standby that is waiting now (how="standby"); else one forked now from a ready zygote ("forked"),
+        or, while the zygote still imports its preloads, the first to come ("waited": no slower than cold)."""
+        with self._lock:
+            zygote = self.zygote()
+            for i, standby in enumerate(self.standbys):
+                if standby.started.is_set() and standby.error is None and standby.poll() is None:
+                    return zygote, self.standbys.pop(i)
+            if zygote.ready.is_set():
+                return zygote, zygote.fork("forked")
+            if not self.standbys:
+                self.standbys.append(zygote.fork())
             standby = self.standbys.pop(0)
-            if standby.proc.poll() is None and standby.ready.wait(timeout=120):
-                assert standby.proc.stdin is not None
-                standby.proc.stdin.write((json.dumps({**spec, "env": env}) + "\n").encode())
-                standby.proc.stdin.flush()
-                return standby.proc
-            log.warning("standby not ready, starting cold: pid=%d", standby.proc.pid)
-            kill(standby.proc)
-        return subprocess.Popen(self.argv, env={**os.environ, **env}, start_new_session=True)
+        standby.how = "waited"
+        return zygote, standby
+
+    def _start(self, env: dict[str, str]) -> Process:
+        spec = self._warmable()
+        if self.warm and spec is not None:
+            zygote, standby = self._take_standby()
+            if standby.started.wait(PRELOAD_WAIT_SECONDS) and standby.error is None:
+                zygote.run(standby, {**spec, "env": env})
+                return standby
+            log.warning("no warm standby for a rank, starting cold: job=%d error=%s", self.job_id, standby.error)
+        return self.zygote().exec(self.argv, {**os.environ, **env})
 
     # -- attempts -------------------------------------------------------------------------------------
     def rank_env(self, slot: dict[str, Any], attempt: int, port: int) -> dict[str, str]:
@@ -194,6 +254,8 @@ class LocalProcesses(Executor):
         started: list[Rank] = []
         try:
             for slot in sorted(placement, key=lambda s: s["rank"]):
+                if len(started) == 1 and self._rendezvous_seen and getattr(started[0].proc, "how", "") in WARM:
+                    wait_listening(port, RENDEZVOUS_WAIT_SECONDS)  # rank 0's store first: no client backoff
                 proc = self._start(self.rank_env(slot, attempt, port))
                 started.append(Rank(slot["rank"], slot["node"], list(slot["accelerators"]), slot.get("agent_url"),
                                     proc))
@@ -203,19 +265,38 @@ class LocalProcesses(Executor):
         self.on_started(started, attempt)
         self.ranks, self.attempt = started, attempt
         where = ", ".join(f"rank {r.rank} → {r.node}:{','.join(r.accelerators)} (pid {r.proc.pid})" for r in started)
-        self.say(f"attempt {attempt} started ({'warm' if self.warm else 'cold'}, port {port}): {where}")
+        self.say(f"attempt {attempt} started ({attempt_label(started)}, port {port}): {where}")
         threading.Thread(target=self.fill_standbys, args=(True,), daemon=True).start()
+        if self._rendezvous_seen is None:
+            threading.Thread(target=self._learn_rendezvous, args=(port,), daemon=True).start()
         return started
 
+    def _learn_rendezvous(self, port: int) -> None:
+        """Does this job's rank 0 listen on MASTER_PORT? Then later warm attempts start it first."""
+        if wait_listening(port, RENDEZVOUS_LEARN_SECONDS, poll_seconds=0.05):
+            self._rendezvous_seen = True
+
     def stop_ranks(self, ranks: list[Rank] | None = None) -> None:
-        for r in ranks if ranks is not None else self.ranks:
+        """SIGKILL (a restart wants the old ranks gone now), every group first, then reap."""
+        chosen = list(ranks if ranks is not None else self.ranks)
+        for r in chosen:
+            signal_group(r.proc, signal.SIGKILL)
+        for r in chosen:
             kill(r.proc)
 
     def exit_codes(self) -> list[int | None]:
         return [r.proc.poll() for r in self.ranks]
 
-    def close(self) -> None:
-        """Stop every rank and standby."""
-        self.stop_ranks()
-        for standby in self.standbys:
-            kill(standby.proc)
+    def close(self, grace_seconds: float = STOP_GRACE_SECONDS) -> None:
+        """Stop every rank and standby: SIGTERM to each process group, `grace_seconds`, then SIGKILL."""
+        with self._lock:
+            zygote, self._zygote = self._zygote, None
+            self._closing, self.standbys = zygote, []
+        if zygote is not None:
+            zygote.stop(grace_seconds)
+
+    def hurry(self) -> None:
+        """A second stop signal while closing: SIGKILL now instead of at the end of the grace period."""
+        zygote = self._zygote or self._closing
+        if zygote is not None:
+            zygote.stop(0.0, wait=False)

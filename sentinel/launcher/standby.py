@@ -1,39 +1,36 @@
-"""A warm standby for one rank: `python -m sentinel.launcher.standby --preload torch`.
+"""A warm standby for one rank: a process forked from the zygote (zygote.py) with the heavy modules imported.
 
-It imports the heavy modules now, then waits for one JSON line on stdin — {"env": {...}, "argv":
-[script, args…]} or {"env": {...}, "module": name, "argv": [...]} — sets the environment and runs the
-script in this same process, as `python script args…` would. A restart then costs a gloo rendezvous
-and a checkpoint load instead of `import torch` (seconds on a small machine). An empty line or EOF
-means "not needed": the standby exits quietly.
+It blocks reading one JSON line from its pipe — {"env": {...}, "argv": [script, args…]} or {"env": {...},
+"module": name, "argv": [...]} — then sets the environment and runs the script in this same process, as
+`python script args…` would. A restart then costs a gloo rendezvous and a checkpoint load instead of an
+interpreter start and `import torch` (seconds on a small machine). Waiting is a blocking read: an idle
+standby costs no CPU. EOF instead of a spec means "not needed": the standby exits quietly.
 """
 
 from __future__ import annotations
 
-import argparse
-import importlib
 import json
 import os
 import runpy
 import sys
+from typing import Any
 
 
-def main() -> int:
-    parser = argparse.ArgumentParser(prog="sentinel-standby")
-    parser.add_argument("--preload", action="append", default=[], help="module to import now; repeat")
-    args = parser.parse_args()
-    for name in args.preload:
-        try:
-            importlib.import_module(name)
-        except ImportError as exc:
-            print(f"sentinel standby: cannot preload {name}: {exc}", file=sys.stderr, flush=True)
-    print("ready", flush=True)  # the launcher waits for this line before counting the standby as warm
-    line = sys.stdin.readline()
-    if not line.strip():
-        return 0
-    spec = json.loads(line)
+def read_spec(fd: int) -> dict[str, Any] | None:
+    data = b""
+    while not data.endswith(b"\n"):
+        chunk = os.read(fd, 1 << 16)
+        if not chunk:
+            break
+        data += chunk
+    os.close(fd)
+    return json.loads(data) if data.strip() else None
+
+
+def run(spec: dict[str, Any]) -> int:
+    """Run the rank's script or module here, as `python script args…` / `python -m module args…` would."""
     os.environ.update({str(k): str(v) for k, v in spec.get("env", {}).items()})
     argv = [str(a) for a in spec.get("argv", [])]
-    sys.stdin.close()
     sys.stdin = open(os.devnull)  # noqa: SIM115 - the script's stdin, as under a launcher
     if spec.get("module"):
         sys.argv = [spec["module"], *argv]
@@ -45,5 +42,7 @@ def main() -> int:
     return 0
 
 
-if __name__ == "__main__":
-    sys.exit(main())
+def become(spec_fd: int) -> int:
+    """In a freshly forked standby: wait for the spec, then become the rank (or exit 0 when not needed)."""
+    spec = read_spec(spec_fd)
+    return 0 if spec is None else run(spec)

@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
-import subprocess
+import os
+import signal
 import sys
 from typing import Any
 
 import pytest
 
-from sentinel.launcher.local import LocalProcesses
+from sentinel.launcher.local import LocalProcesses, Process
 from sentinel.remediation.executors.base import Action, JobRef
 
 SLEEP = [sys.executable, "-c", "import time; time.sleep(60)"]
@@ -19,10 +20,10 @@ class SecondStartFails(LocalProcesses):
 
     def __init__(self, **kwargs: Any):
         super().__init__(**kwargs)
-        self.started: list[subprocess.Popen[bytes]] = []
+        self.started: list[Process] = []
         self.fail_from = 10**9
 
-    def _start(self, env: dict[str, str]) -> subprocess.Popen[bytes]:
+    def _start(self, env: dict[str, str]) -> Process:
         if len(self.started) >= self.fail_from:
             raise OSError(11, "Resource temporarily unavailable")
         proc = super()._start(env)
@@ -48,7 +49,7 @@ def local() -> Any:
     executor.close()
     for proc in executor.started:  # whatever a failing test left running
         if proc.poll() is None:
-            proc.kill()
+            os.killpg(proc.pid, signal.SIGKILL)
 
 
 def test_an_attempt_that_cannot_start_whole_leaves_no_process_behind(local: SecondStartFails) -> None:

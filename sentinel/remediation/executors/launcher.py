@@ -21,7 +21,7 @@ from typing import Any
 
 import httpx
 
-from sentinel.doorbell import Doorbell
+from sentinel.doorbell import Doorbell, Wake
 from sentinel.remediation.executors.base import Action, Executor, Outcome, register
 
 log = logging.getLogger("sentinel.remediation")
@@ -43,8 +43,8 @@ class OrderBoard:
         """Wake everyone waiting on `job_id`; returns how many were."""
         return self._doorbell.ring(job_id)
 
-    async def wait(self, job_id: int, timeout_seconds: float) -> None:
-        await self._doorbell.wait(job_id, timeout_seconds)
+    async def wait(self, job_id: int, timeout_seconds: float) -> Wake:
+        return await self._doorbell.wait(job_id, timeout_seconds)
 
     @staticmethod
     def push_webhook(url: str, secret: str, order: dict[str, Any], timeout: float = 5.0,
