@@ -4,23 +4,25 @@ and serve per-accelerator /metrics on 127.0.0.1:9481.
 
 from __future__ import annotations
 
-import json
 import logging
 import socket
 import threading
 import time
 from dataclasses import dataclass, field
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import ThreadingHTTPServer
 from pathlib import Path
-from typing import Any
 
 import httpx
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
 from collectors.base import Collector, Readings, SourceUnavailable, create
+from collectors.dedup import EventFolder
+from collectors.endpoint import serve
 from collectors.jobs import ExitWatcher, TaskRelay
 from collectors.metrics import AgentCollector, AgentSnapshot
 from collectors.push import Pusher
+from collectors.recent import RecentFaults
+from collectors.sdk_gate import SdkGate, Sender
 from collectors.sim import SimCollector
 from collectors.spool import SeqCounter, Spool
 from sentinel import __version__
@@ -40,7 +42,7 @@ from sentinel.telemetry.schemas import (
 )
 
 log = logging.getLogger("sentinel.agent")
-MAX_SDK_BODY_BYTES = 8 * 2**20
+LOOPBACK_HOSTS = ("127.0.0.1", "localhost", "::1")
 
 
 @dataclass
@@ -55,6 +57,8 @@ class AgentConfig:
     state_dir: Path = field(default_factory=lambda: Path.home() / ".local/share/sentinel/agent")
     spool_max_reports: int = 10_000
     command_poll_seconds: float = 25.0
+    fold_seconds: float = 60.0  # repeats of an identical event this close together are counted, not sent
+    recent_fault_seconds: float = 300.0  # a fault's gauge reads 1 this long, unless it clears sooner
 
 
 class Agent:
@@ -73,9 +77,11 @@ class Agent:
                              registration=self.registration, on_ack=self._on_ack, on_registered=self.seq.raise_to)
         self.assignments: list[Assignment] = []
         self.relay = TaskRelay()
+        self.sdk_gate = SdkGate(config.node)  # which SDK batches count (collectors/sdk_gate.py)
         self.exits = ExitWatcher(self.on_task_exit)
         self.latest: dict[str, AcceleratorSample] = {}
-        self.health: dict[str, str] = {}
+        self.folder = EventFolder(config.fold_seconds)  # repeats of an event, counted (collectors/dedup.py)
+        self.recent = RecentFaults(config.recent_fault_seconds)  # faults that are recent, for gauges that clear
         self.registry = CollectorRegistry(auto_describe=False)
         self.registry.register(AgentCollector(self.snapshot))
         self._stop = threading.Event()
@@ -148,11 +154,11 @@ class Agent:
         return seq
 
     def on_event(self, event: HardwareEvent) -> None:
-        """A fault is pushed at once, not at the next interval."""
-        with self._lock:
-            if event.accelerator_uuid and event.kind != "probe":
-                self.health[event.accelerator_uuid] = {"offline": "offline", "clear": "healthy"}.get(
-                    event.kind, "degraded")
+        """A fault is pushed at once, not at the next interval; repeats of it are folded (collectors/dedup.py)
+        and go with the next interval's report as one event with a count."""
+        self.recent.seen(event)
+        if self.folder.offer(event) is None:
+            return
         log.warning("%s event: node=%s accelerator=%s kind=%s xid=%s value=%s",
                     "probe" if event.kind == "probe" else "fault", self.config.node, event.accelerator_uuid,
                     event.kind, event.xid, event.value)
@@ -165,7 +171,12 @@ class Agent:
                     exit.pid, how)
         self.report_now(tasks=self.task_telemetry(), task_exits=[exit])
 
-    def accept_sdk_batch(self, batch: SdkBatch) -> None:
+    def accept_sdk_batch(self, batch: SdkBatch, sender: Sender) -> None:
+        """Relay a batch sent by the process it names, for the task the server placed here as that process;
+        raises BatchRefused (counted, logged: collectors/sdk_gate.py) for any other."""
+        with self._lock:
+            assignments = list(self.assignments)
+        self.sdk_gate.admit(batch, sender, assignments)
         self.relay.add(batch)
         self.exits.watch(batch.pid, batch.job_id, batch.rank)
 
@@ -177,6 +188,8 @@ class Agent:
         if now != before:
             log.info("assignments changed: node=%s seq=%d tasks=%s", self.config.node, ack.seq,
                      " ".join(f"job{j}/rank{r}/pid{p}" for j, r, p in sorted(now, key=str)) or "none")
+        for uuid in ack.cleared:  # released or recovered on the server: its fault gauges return to 0
+            self.recent.clear(uuid)
         for task in ack.assignments:
             if task.pid:
                 self.exits.watch(task.pid, task.job_id, task.rank)
@@ -214,11 +227,15 @@ class Agent:
     # -- serving /metrics ----------------------------------------------------------------------
 
     def snapshot(self) -> AgentSnapshot:
+        recent = self.recent.snapshot(time.time())
         with self._lock:
             return AgentSnapshot(
                 node=self.config.node, accelerators=[i for s in self.sources for i in s.accelerators()],
-                samples=dict(self.latest), health=dict(self.health), sources_up=dict(self.sources_up),
+                samples=dict(self.latest), sources_up=dict(self.sources_up), recent=recent,
+                health={uuid: self.recent.health(uuid, time.time()) for uuid in recent},
                 counters={"reports_sent_total": self.pusher.sent_total,
+                          "sdk_batches_refused_total": self.sdk_gate.refused_total,
+                          "events_folded_total": self.folder.folded_total,
                           "reports_rejected_total": self.pusher.rejected_total,
                           "push_failures_total": self.pusher.failures_total,
                           "spool_dropped_total": self.spool.dropped_total,
@@ -226,53 +243,18 @@ class Agent:
                           "server_connected": 1.0 if self.pusher.connected else 0.0})
 
     def serve_http(self) -> int:
-        agent = self
+        """Serve /metrics and the SDK endpoint; batches are taken only from the process they name (sdk_gate.py)."""
+        def metrics() -> tuple[bytes, str]:
+            return generate_latest(self.registry), CONTENT_TYPE_LATEST
 
-        class Handler(BaseHTTPRequestHandler):
-            protocol_version = "HTTP/1.1"  # keep-alive: each SDK keeps one connection open
-
-            def do_GET(self) -> None:
-                if self.path.split("?")[0] == "/metrics":
-                    self._send(200, generate_latest(agent.registry), CONTENT_TYPE_LATEST)
-                elif self.path == "/healthz":
-                    self._send(200, b'{"status":"ok"}', "application/json")
-                else:
-                    self._send(404, b'{"detail":"not found"}', "application/json")
-
-            def do_POST(self) -> None:
-                if self.path.split("?")[0] != "/v1/telemetry":
-                    self._send(404, b'{"detail":"not found"}', "application/json")
-                    return
-                length = int(self.headers.get("content-length") or 0)
-                if length > MAX_SDK_BODY_BYTES:
-                    self._send(413, b'{"detail":"telemetry batch too large"}', "application/json")
-                    return
-                try:
-                    batch = SdkBatch.model_validate_json(self.rfile.read(length))
-                except ValueError as exc:
-                    self._send(422, json.dumps({"detail": str(exc)[:2000]}).encode(), "application/json")
-                    return
-                agent.accept_sdk_batch(batch)
-                self._send(204, b"", "application/json")
-
-            def _send(self, status: int, body: bytes, content_type: str) -> None:
-                self.send_response(status)
-                self.send_header("content-type", content_type)
-                self.send_header("content-length", str(len(body)))
-                if status >= 400:  # the request body may be unread: do not reuse this connection
-                    self.send_header("connection", "close")
-                    self.close_connection = True
-                self.end_headers()
-                self.wfile.write(body)
-
-            def log_message(self, format: str, *args: Any) -> None:
-                return
-
-        self._http = ThreadingHTTPServer((self.config.listen_host, self.config.listen_port), Handler)
-        self._http.daemon_threads = True
-        threading.Thread(target=self._http.serve_forever, name="sentinel-agent-http", daemon=True).start()
+        host = self.config.listen_host
+        self._http = serve(host, self.config.listen_port, metrics=metrics, identify=self.sdk_gate.identify,
+                           accept=self.accept_sdk_batch)
         port = int(self._http.server_address[1])
-        self.url = f"http://{self.config.listen_host}:{port}"
+        self.url = f"http://{host}:{port}"
+        if host not in LOOPBACK_HOSTS:
+            log.info("agent endpoint on %s:%d: /metrics for other hosts; SDK batches only from this node's processes, "
+                     "each from the process it names", host, port)
         return port
 
     # -- lifecycle -----------------------------------------------------------------------------
@@ -289,7 +271,7 @@ class Agent:
         next_at = time.monotonic()
         while not self._stop.is_set():
             try:
-                self.report_now(self.collect(), tasks=self.task_telemetry())
+                self.report_now(self.collect(), events=self.folder.flush(time.time()), tasks=self.task_telemetry())
             except Exception:
                 log.exception("collection failed this interval: node=%s", self.config.node)
             next_at += self.config.interval_seconds
@@ -297,6 +279,9 @@ class Agent:
 
     def stop(self, drain_seconds: float = 2.0) -> None:
         self._stop.set()
+        folded = self.folder.flush(time.time())
+        if folded:  # counted repeats are reports like any other: spooled, not lost
+            self.report_now(events=folded)
         self.pusher.stop(drain_seconds=drain_seconds)
         for source in self.sources:
             source.close()
