@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 
 import psutil
 
-from sentinel.telemetry.schemas import CollectiveTotals, SdkBatch, TaskExit, TaskModel, TaskTelemetry
+from sentinel.telemetry.schemas import CollectiveTotals, SdkBatch, TaskExit, TaskModel, TaskPause, TaskTelemetry
 
 log = logging.getLogger("sentinel.agent.jobs")
 
@@ -50,6 +50,7 @@ class _TaskSums:
     failure: str | None = None
     failure_message: str = ""
     dropped_batches: int = 0
+    pause: TaskPause | None = None  # the latest batch's: a pause that ended in the interval is over
 
 
 class TaskRelay:
@@ -94,6 +95,7 @@ class TaskRelay:
             if batch.failure is not None:
                 t.failure, t.failure_message = batch.failure.type, batch.failure.message
             t.dropped_batches = max(t.dropped_batches, batch.dropped_batches)
+            t.pause = batch.pause
 
     def pids(self) -> set[int]:
         with self._lock:
@@ -115,7 +117,7 @@ class TaskRelay:
                 memory_peak_bytes=t.memory_peak_bytes, memory_source=t.memory_source,
                 device_memory_bytes=(device_memory or {}).get(t.pid), model=t.model,
                 failure={"type": t.failure, "message": t.failure_message} if t.failure else None,  # type: ignore[arg-type]
-                dropped_batches=t.dropped_batches))
+                dropped_batches=t.dropped_batches, pause=t.pause))
         return out
 
 

@@ -88,18 +88,31 @@ class Settings(BaseSettings):
     # When this share of a detector's subjects (and at least this many) trip at once: one fleet-wide incident.
     fleet_wide_share: float = Field(default=0.25, gt=0, le=1)
     fleet_wide_min_findings: int = Field(default=3, ge=2)
-    # A rank is hung after no step progress for max(hang_min_seconds, hang_step_factor × its p95 step,
-    # 3 report intervals) while its process lives; before its first step the limit is hang_startup_seconds.
-    hang_min_seconds: float = Field(default=5.0, gt=0)
-    hang_step_factor: float = Field(default=20.0, gt=1)
+    # A rank is hung after no step progress, while its process lives, for max(hang_min_seconds (the floor),
+    # hang_step_factor × its own step (the median, or its wall time per step where that is longer), 1.5 × its
+    # slowest recent step, 1.25 report intervals + the SDK's 1 s flush (fresher data does not exist)). Before its
+    # first step: hang_startup_seconds. While a rank says it is paused (a checkpoint, an evaluation: SDK
+    # `pause()`) its job waits on it for up to hang_pause_seconds. A rank that exits 0 while its peers still wait
+    # hang_exit_grace_seconds later is a failure; until then the peers may be finishing (detectors/hang.py).
+    hang_min_seconds: float = Field(default=1.0, gt=0)
+    hang_step_factor: float = Field(default=10.0, gt=1)
     hang_startup_seconds: float = Field(default=600.0, gt=0)
+    hang_pause_seconds: float = Field(default=1800.0, gt=0)
+    hang_exit_grace_seconds: float = Field(default=60.0, gt=0)
     # Remediation (DESIGN §4, §6): quarantine, drain, move work. Dry run records what it would do.
     remediation_enabled: bool = True
     remediation_dry_run: bool = False
     executors: list[str] = []  # beyond orders to launchers: "slurm", "kubernetes"
     executor_options: dict[str, dict[str, Any]] = {}
     placement_policy: str = "best-fit"
-    max_migrations_per_hour: int = Field(default=3, ge=1)
+    max_migrations_per_hour: int = Field(default=12, ge=1)
+    # A restart storm: a job restarted restart_storm_restarts times within restart_storm_seconds, or
+    # max_migrations_per_hour times in the hour, or restart_storm_without_progress times in a row from the
+    # same checkpoint step, opens one critical incident; automatic restarts of the job stop until a person
+    # resolves it (remediation/storms.py).
+    restart_storm_restarts: int = Field(default=5, ge=1)
+    restart_storm_seconds: float = Field(default=1800.0, gt=0)
+    restart_storm_without_progress: int = Field(default=3, ge=1)
     probe_threshold: float = Field(default=0.8, gt=0, le=1)  # a suspect below this share of its rate is quarantined
     probe_timeout_seconds: float = Field(default=30.0, gt=0)
     order_ack_seconds: float = Field(default=30.0, gt=0)

@@ -21,7 +21,8 @@ from sentinel.telemetry.schemas import Assignment
 
 @dataclass(frozen=True)
 class ClosedTask:
-    """A task the report said has ended; `failure_reason` is '' when it exited with code 0."""
+    """A task the report said has ended; `failure_reason` is '' when it succeeded: exit 0 with no error the SDK
+    saw before it (exit 0 right after an uncaught exception or a failed step is a failure: SkyPilot #4421)."""
 
     job_id: int
     rank: int
@@ -146,6 +147,8 @@ def describe_exit(exit_code: int | None, exit_signal: int | None, exception: str
         except ValueError:
             name = f"SIG{exit_signal}"
         return f"signal:{name}", f"killed by signal {exit_signal} ({name})"
+    if exception and exit_code == 0:  # an exit that lies: the error the SDK saw is what it ended on
+        return f"exit:0+exception:{exception}", f"exited with code 0 right after a {exception}: counted as a failure"
     if exception:
         return f"exception:{exception}", f"exited with code {exit_code} after an uncaught {exception}"
     if exit_code is None:
@@ -156,7 +159,9 @@ def describe_exit(exit_code: int | None, exit_signal: int | None, exception: str
 def record_task_exit(session: Session, *, node_id: int, job_id: int | None, rank: int | None, pid: int,
                      exit_code: int | None, exit_signal: int | None, exception: str | None,
                      observed_at: datetime) -> tuple[Task, str] | None:
-    """Close the running task behind `pid` on `node_id`; returns it with the failure reason ('' if it succeeded)."""
+    """Close the running task behind `pid` on `node_id`; returns it with the failure reason ('' if it succeeded).
+    `exception`: what the SDK said the process ended on (an uncaught exception, or a step that failed with none
+    good after it); with it, exit 0 is a failure too."""
     query = select(Task).where(Task.node_id == node_id, Task.pid == pid, Task.state == "running")
     if job_id is not None:
         query = query.where(Task.job_id == job_id)
@@ -165,7 +170,7 @@ def record_task_exit(session: Session, *, node_id: int, job_id: int | None, rank
     task = session.scalars(query.order_by(Task.attempt.desc())).first()
     if task is None:
         return None
-    failed = exit_signal is not None or exit_code != 0
+    failed = exit_signal is not None or exit_code != 0 or bool(exception)
     reason, sentence = describe_exit(exit_code, exit_signal, exception)
     task.state = "failed" if failed else "exited"
     task.exit_code, task.exit_signal, task.ended_at = exit_code, exit_signal, observed_at

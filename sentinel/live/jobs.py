@@ -13,6 +13,7 @@ import statistics
 import threading
 from collections import deque
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 from sqlalchemy import select
 from sqlalchemy.orm import Session
@@ -21,7 +22,7 @@ from sentinel.accelerators.models import Accelerator
 from sentinel.events.models import Event
 from sentinel.jobs.schemas import JobMetrics, RankMetrics
 from sentinel.sdk.flops import peak_flops
-from sentinel.telemetry.schemas import TaskModel, TaskTelemetry
+from sentinel.telemetry.schemas import TaskModel, TaskPause, TaskTelemetry
 
 STEP_WINDOW = 512
 WARMUP_STEPS = 5  # the first steps of every attempt (compilation, caches, data loader start) are not judged
@@ -35,6 +36,7 @@ class _Interval:
     busy_seconds: float
     collective_seconds: float
     exposed_seconds: float | None
+    slowest_seconds: float = 0.0  # its slowest step
 
 
 @dataclass
@@ -60,6 +62,20 @@ class RankStats:
     previous_last_step: int | None = None  # where the attempt before this one had got to
     saved_step: int | None = None  # the newest step this attempt saved a checkpoint shard of
     ended: bool = False  # its process exited; a hung rank is one whose process still lives
+    ended_at: float | None = None
+    exit_reason: str | None = None  # '' exited 0, else the failure reason; None: not told
+    pause: TaskPause | None = None  # a declared pause (checkpoint, evaluation) its SDK reports, while it lasts
+    paused_at: float | None = None  # when that pause was first seen here, and when the last one was seen over
+    pause_ended_at: float | None = None
+
+
+class StepProfile(NamedTuple):
+    """A rank's cadence in this attempt, for the hang detector (seconds; past warm-up unless named so)."""
+
+    median: float | None
+    slowest: float | None  # over the intervals of the window (5 min)
+    wall_per_step: float | None  # wall time per received step, warm-up too: time between steps (data) counts
+    warming_up: bool  # within its first WARMUP_STEPS (compilation, caches, the data loader starting)
 
 
 @dataclass
@@ -73,15 +89,12 @@ class JobStats:
 
 
 def _furthest(*steps: int | None) -> int | None:
-    known = [s for s in steps if s is not None]
-    return max(known) if known else None
+    return max((s for s in steps if s is not None), default=None)
 
 
 def quantile(values: list[float], q: float) -> float | None:
-    if not values:
-        return None
-    if len(values) == 1:
-        return values[0]
+    if len(values) <= 1:
+        return values[0] if values else None
     return statistics.quantiles(values, n=100, method="inclusive")[round(q * 100) - 1]
 
 
@@ -112,9 +125,7 @@ class JobTelemetry:
     def job(self, job_id: int, kind: str = "training") -> JobStats:
         with self._lock:
             stats = self._jobs.get(job_id)
-            if stats is None:
-                stats = self._jobs[job_id] = JobStats(job_id, kind)
-            return stats
+            return stats if stats is not None else self._jobs.setdefault(job_id, JobStats(job_id, kind))
 
     def add(self, node: str, tasks: list[TaskTelemetry], now: float) -> None:
         for task in tasks:
@@ -127,15 +138,18 @@ class JobTelemetry:
                 if rank.pid != task.pid or rank.attempt != task.attempt:
                     if rank.pid and task.attempt > rank.attempt:
                         rank.previous_last_step = _furthest(rank.last_step, rank.saved_step)
-                    rank.saved_step = None
                     rank.pid, rank.attempt, rank.attempt_steps = task.pid, task.attempt, 0
                     rank.ended, rank.first_seen, rank.last_progress_at = False, now, None
-                    rank.first_progress_at = None
+                    rank.first_progress_at = rank.saved_step = rank.ended_at = rank.exit_reason = rank.pause = None
                     rank.recent.clear()
                 for seconds in task.step_seconds:
                     rank.attempt_steps += 1
                     if rank.attempt_steps > WARMUP_STEPS:
                         rank.recent.append((now, seconds))
+                if task.pause != rank.pause:  # a pause seen anew starts its clock; none after one: it is over
+                    fresh = task.pause is not None and (rank.pause is None or task.pause.since != rank.pause.since)
+                    rank.paused_at = now if fresh else rank.paused_at
+                    rank.pause_ended_at, rank.pause = (now if task.pause is None else rank.pause_ended_at), task.pause
                 if task.steps > 0 or (task.last_step is not None and (rank.last_step is None
                                                                       or task.last_step > rank.last_step)):
                     rank.last_progress_at = now
@@ -148,7 +162,8 @@ class JobTelemetry:
                                                                       lost)
                 rank.step_seconds.extend(task.step_seconds)
                 rank.intervals.append(_Interval(now, task.steps, task.tokens, task.busy_seconds,
-                                                task.collective_seconds, task.exposed_collective_seconds))
+                                                task.collective_seconds, task.exposed_collective_seconds,
+                                                max(task.step_seconds, default=0.0)))
                 while rank.intervals and rank.intervals[0].at < now - self.window_seconds:
                     rank.intervals.popleft()
                 rank.last_step = task.last_step if task.last_step is not None else rank.last_step
@@ -171,13 +186,14 @@ class JobTelemetry:
             if found is not None and found.attempt == attempt:
                 found.saved_step = _furthest(found.saved_step, step)
 
-    def mark_ended(self, job_id: int, rank: int, pid: int) -> None:
-        """The rank's process exited: it can no longer be hung."""
+    def mark_ended(self, job_id: int, rank: int, pid: int, *, reason: str | None = None, at: float = 0.0) -> None:
+        """Its process exited: it can no longer be hung. `reason` '' is exit 0; `at` defaults to its last telemetry."""
         with self._lock:
             stats = self._jobs.get(job_id)
             found = stats.ranks.get(rank) if stats else None
             if found is not None and found.pid in (pid, 0):
-                found.ended = True
+                found.ended, found.exit_reason = True, reason
+                found.ended_at = at or found.last_seen
 
     def snapshot(self) -> list[JobStats]:
         """The jobs as they are now, for detectors. Rank objects are shared: read, never write."""
@@ -261,6 +277,19 @@ class JobTelemetry:
         return None
 
     # --- windowed reads for detectors (each under the lock: ingest appends from another thread) ---
+
+    def step_profile(self, job_id: int, rank: int) -> StepProfile | None:
+        with self._lock:
+            found = self._jobs[job_id].ranks.get(rank) if job_id in self._jobs else None
+            if found is None:
+                return None
+            steps = [seconds for _, seconds in found.recent]
+            moved = [i for i in found.intervals if i.at >= found.first_seen and i.steps > 0]  # warm-up included
+            later = sum(i.steps for i in moved[1:])  # the steps made after the first interval that made any
+            return StepProfile(statistics.median(steps) if steps else None,
+                               max((i.slowest_seconds for i in _settled_intervals(found)), default=None),
+                               (moved[-1].at - moved[0].at) / later if later else None,
+                               found.attempt_steps <= WARMUP_STEPS)
 
     def recent_steps(self, job_id: int, since: float, last: int) -> dict[int, list[tuple[float, float]]]:
         """Per live rank, its newest `last` post-warm-up (received at, step seconds) received at or after

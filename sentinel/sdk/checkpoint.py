@@ -26,6 +26,7 @@ import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -136,11 +137,12 @@ class CheckpointManager:
         if not stores:
             return None
         started = time.perf_counter()
-        self.wait()  # one save in flight: its buffers are the ones we are about to overwrite
-        skeleton, tensors = chunks.flatten(state)
-        guarded = self._guarded_storage()
-        later = {name: value for name, value in tensors.items() if guarded and _storage(value) in guarded}
-        snapshot = {name: self._stage(name, value) for name, value in tensors.items() if name not in later}
+        with _paused():  # the loop waits here on purpose: the server does not judge it hung meanwhile
+            self.wait()  # one save in flight: its buffers are the ones we are about to overwrite
+            skeleton, tensors = chunks.flatten(state)
+            guarded = self._guarded_storage()
+            later = {name: value for name, value in tensors.items() if guarded and _storage(value) in guarded}
+            snapshot = {name: self._stage(name, value) for name, value in tensors.items() if name not in later}
         stall = time.perf_counter() - started
         if later:
             self._guard_wait, self._waiting_since = 0.0, None
@@ -166,7 +168,8 @@ class CheckpointManager:
         if not self._snapshotted.is_set():
             if self._waiting_since is None:
                 self._waiting_since = time.perf_counter()  # the writer turns this into the save's stall
-            self._snapshotted.wait()
+            with _paused():
+                self._snapshotted.wait()
 
     def _guarded_storage(self) -> set[int]:
         owned: set[int] = set()
@@ -217,7 +220,8 @@ class CheckpointManager:
             return None
 
     def close(self) -> None:
-        self.wait()
+        with _paused():
+            self.wait()
         self._writer.shutdown(wait=True)
 
     def _pace(self) -> Callable[[int], None] | None:
@@ -371,6 +375,14 @@ def _bytes_of(buffer: Any) -> memoryview:
     if buffer.numel() == 0:
         return memoryview(b"")
     return memoryview(buffer.reshape(-1).view(torch.uint8).numpy())
+
+
+def _paused() -> AbstractContextManager[None]:
+    """The process's telemetry marks a checkpoint pause (nothing without one)."""
+    import sentinel.sdk
+
+    telemetry = sentinel.sdk._default
+    return telemetry.pause("checkpoint") if telemetry is not None else nullcontext()
 
 
 def _resume_telemetry(step: int) -> None:

@@ -17,6 +17,7 @@ import sys
 import threading
 import time
 import urllib.parse
+import weakref
 from collections.abc import Iterator
 from contextlib import contextmanager
 from types import TracebackType
@@ -26,6 +27,8 @@ log = logging.getLogger("sentinel.sdk")
 
 DEFAULT_AGENT_URL = "http://127.0.0.1:9481"
 MAX_BUFFERED_STEPS = 10_000
+FLUSH_INTERVAL_SECONDS = 1.0  # how often a batch goes to the agent; the hang detector allows for it
+QUIET_ERRORS = (StopIteration, StopAsyncIteration)  # the end of the data, raised through a step on purpose
 
 
 def env_int(*names: str) -> int | None:
@@ -41,7 +44,8 @@ class Telemetry:
     """Per-process recorder. Under `sentinel launch` every argument comes from the environment."""
 
     def __init__(self, *, job_id: int | None = None, rank: int | None = None, attempt: int | None = None,
-                 agent_url: str | None = None, flush_interval_seconds: float = 1.0, start_thread: bool = True):
+                 agent_url: str | None = None, flush_interval_seconds: float = FLUSH_INTERVAL_SECONDS,
+                 start_thread: bool = True):
         self.job_id = job_id if job_id is not None else env_int("SENTINEL_JOB_ID")
         self.rank = rank if rank is not None else (env_int("SENTINEL_RANK") or env_int("RANK") or 0)
         # under torchrun too, as the checkpoint manager: a restart is a new attempt, whose lost steps count
@@ -55,12 +59,16 @@ class Telemetry:
         self._collectives: dict[str, list[float]] = {}
         self._model: dict[str, Any] | None = None
         self._failure: dict[str, str] | None = None
+        self._step_error: dict[str, str] | None = None  # the last step or collective raised, none good since
+        self._pauses: list[dict[str, Any]] = []  # open pause() blocks, outermost first
+        self._pause_ended = False  # the next batch must say so, even with nothing else in it
         self._step_index = 0
         self._in_step = False
         self._step_collective = 0.0
         self._step_exposed: float | None = None
         self.sent_batches = 0
         self.dropped_batches = 0
+        self.refused_batches = 0  # answered 403: not sent by the process it names, or not the task placed here
         self.dropped_steps = 0
         self._stop = threading.Event()
         self._sender = _AgentConnection(self.agent_url)
@@ -83,6 +91,9 @@ class Telemetry:
         started = time.perf_counter()
         try:
             yield
+        except Exception as exc:
+            self._note_error(exc)
+            raise
         finally:
             self._in_step = False
         self.record_step(time.perf_counter() - started, tokens=tokens, collective_seconds=self._step_collective,
@@ -94,9 +105,34 @@ class Telemetry:
         started = time.perf_counter()
         try:
             yield
+        except Exception as exc:
+            self._note_error(exc)
+            raise
         finally:
             seconds = time.perf_counter() - started
             self.record_collective(op, seconds, nbytes, exposed_seconds=seconds)
+
+    @contextmanager
+    def pause(self, reason: str = "checkpoint") -> Iterator[None]:
+        """Mark time the loop spends between steps on purpose (a checkpoint save, an evaluation): while it
+        lasts the server does not judge the rank, or the peers waiting for it, hung by its step cadence
+        (`CheckpointManager` marks its own saves)."""
+        with self._lock:
+            self._pauses.append({"reason": reason[:32] or "pause", "since": time.time()})
+        try:
+            yield
+        finally:
+            with self._lock:
+                self._pauses.pop()
+                self._pause_ended = not self._pauses
+
+    def _note_error(self, exc: Exception) -> None:
+        """A step or collective raised (a peer died mid all-reduce): if the process ends without a good step
+        after it, that is the error it ended on, even when it exits 0 (`close` sends it as the failure)."""
+        if not isinstance(exc, QUIET_ERRORS):
+            with self._lock:
+                self._step_error = {"type": type(exc).__name__,
+                                    "message": f"step {self._step_index + 1} raised: {exc}"[:1000]}
 
     def record_collective(self, op: str, seconds: float, nbytes: int = 0, exposed_seconds: float | None = None) -> None:
         """Record a collective measured elsewhere (e.g. a DDP comm hook); `exposed_seconds` is the part
@@ -117,6 +153,7 @@ class Telemetry:
                     exposed_seconds: float | None = None, started_at: float | None = None) -> None:
         with self._lock:
             self._step_index += 1
+            self._step_error = None
             if len(self._steps) >= MAX_BUFFERED_STEPS:
                 self._steps.pop(0)
                 self.dropped_steps += 1
@@ -138,8 +175,9 @@ class Telemetry:
                            "accelerators_per_rank": accelerators_per_rank, "accelerator_model": accelerator_model}
 
     def record_failure(self, exc_type: type[BaseException], exc: BaseException) -> None:
-        with self._lock:
+        with self._lock:  # the uncaught exception is what it died of; a failed step before it is part of it
             self._failure = {"type": exc_type.__name__, "message": str(exc)[:1000]}
+            self._step_error = None
 
     def resume_at(self, step: int) -> None:
         """Continue numbering steps after `step` (a restored checkpoint), so lost work is counted from it."""
@@ -154,13 +192,16 @@ class Telemetry:
 
     def take_batch(self) -> dict[str, Any] | None:
         with self._lock:
-            if not self._steps and not self._collectives and self._failure is None and self._model is None:
+            if not (self._steps or self._collectives or self._failure or self._model or self._pauses
+                    or self._pause_ended):
                 return None
             batch = {"job_id": self.job_id, "rank": self.rank, "attempt": self.attempt, "pid": self.pid,
                      "steps": self._steps, "collectives": self._collectives, "model": self._model,
                      "failure": self._failure, "memory_peak_bytes": peak_memory_bytes()[0],
                      "memory_source": peak_memory_bytes()[1], "dropped_batches": self.dropped_batches}
-            self._steps, self._collectives, self._failure = [], {}, None
+            if self._pauses:
+                batch["pause"] = dict(self._pauses[0])
+            self._steps, self._collectives, self._failure, self._pause_ended = [], {}, None, False
             return batch
 
     def flush(self, timeout_seconds: float = 2.0) -> bool:
@@ -169,6 +210,13 @@ class Telemetry:
             return True
         try:
             self._sender.post_json("/v1/telemetry", batch, timeout_seconds)
+        except AgentRefused as exc:  # the agent would not take it as this task's telemetry: say so once
+            self.dropped_batches += 1
+            self.refused_batches += 1
+            if self.refused_batches == 1:
+                log.warning("sentinel agent at %s refuses this process's telemetry, which is dropped: %s",
+                            self.agent_url, exc)
+            return False
         except (OSError, http.client.HTTPException, ValueError) as exc:
             self.dropped_batches += 1
             if self.dropped_batches in (1, 10, 100) or self.dropped_batches % 1000 == 0:
@@ -186,6 +234,9 @@ class Telemetry:
         self._stop.set()
         if self._thread is not None and self._thread.is_alive() and threading.current_thread() is not self._thread:
             self._thread.join(timeout=2)
+        with self._lock:  # ending right after a failed step, never stepping again: that is what it ended on
+            if self._step_error is not None and self._failure is None:
+                self._failure, self._step_error = self._step_error, None
         self.flush()
 
     def install_excepthook(self) -> None:
@@ -230,14 +281,26 @@ def _peak_rss() -> int:
     return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024
 
 
+class AgentRefused(ValueError):
+    """The agent answered 403, with its reason (collectors/sdk_gate.py)."""
+
+
 class _AgentConnection:
-    """One keep-alive connection to the agent, reopened after any error; safe from several threads."""
+    """One keep-alive connection to the agent, reopened after any error; safe from several threads.
+
+    A forked child (a data-loader worker) gets a connection of its own: the agent takes each connection for
+    the process that opened it, and two processes writing on one socket would interleave their requests."""
 
     def __init__(self, base_url: str):
         url = urllib.parse.urlsplit(base_url)
         self._host, self._port = url.hostname or "127.0.0.1", url.port or 80
         self._conn: http.client.HTTPConnection | None = None
         self._lock = threading.Lock()
+        _CONNECTIONS.add(self)
+
+    def _forget_after_fork(self) -> None:
+        self._lock = threading.Lock()  # it may have been held by a thread the fork did not copy
+        self._conn = None  # the parent's socket stays open for the parent
 
     def post_json(self, path: str, body: Any, timeout_seconds: float) -> None:
         payload = json.dumps(body, allow_nan=False)
@@ -250,10 +313,31 @@ class _AgentConnection:
             try:
                 conn.request("POST", path, body=payload, headers={"content-type": "application/json"})
                 response = conn.getresponse()
-                response.read()
+                body = response.read()
             except BaseException:
                 conn.close()
                 self._conn = None
                 raise
+            if response.status == 403:
+                raise AgentRefused(_detail(body))
             if response.status >= 300:
                 raise ValueError(f"agent answered {response.status}")
+
+
+_CONNECTIONS: weakref.WeakSet[_AgentConnection] = weakref.WeakSet()
+
+
+def _detail(body: bytes) -> str:
+    try:
+        return str(json.loads(body)["detail"])
+    except (ValueError, KeyError, TypeError):
+        return f"agent answered 403: {body[:200]!r}"
+
+
+def _after_fork_in_child() -> None:
+    for connection in list(_CONNECTIONS):
+        connection._forget_after_fork()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork_in_child)

@@ -110,6 +110,10 @@ class HardwareEvent(WireModel):
     observed_at: UnixTime
     # probe: achieved ÷ expected performance of the accelerator (None: this source cannot probe)
     value: Annotated[float, Field(ge=0.0, le=1e6)] | None = None
+    # the same event seen `count` times, the first at `observed_at`, the last at `last_observed_at`
+    # (the agent folds repeats into one event; NVSentinel #1120: ~800,000 duplicate XID lines, 29 distinct)
+    count: Annotated[int, Field(ge=1, le=2**31)] = 1
+    last_observed_at: UnixTime | None = None
 
 
 Seconds = Annotated[float, Field(ge=0.0, le=1e9)]
@@ -129,6 +133,14 @@ class TaskFailure(WireModel):
 
     type: Annotated[str, Field(max_length=128)]
     message: Annotated[str, Field(max_length=1024)] = ""
+
+
+class TaskPause(WireModel):
+    """The rank is between steps on purpose since `since` (its wall clock): a checkpoint save, an evaluation
+    (SDK `Telemetry.pause`). The hang detector gives it hang_pause_seconds instead of its step cadence."""
+
+    reason: Annotated[str, Field(min_length=1, max_length=32)]
+    since: UnixTime
 
 
 class TaskModel(WireModel):
@@ -163,6 +175,7 @@ class TaskTelemetry(WireModel):
     model: TaskModel | None = None
     failure: TaskFailure | None = None
     dropped_batches: Count = 0
+    pause: TaskPause | None = None  # as the interval's latest batch said; None: not paused
 
 
 class TaskExit(WireModel):
@@ -207,6 +220,7 @@ class SdkBatch(WireModel):
     memory_peak_bytes: Bytes | None = None
     memory_source: Annotated[str, Field(max_length=16)] | None = None
     dropped_batches: Count = 0
+    pause: TaskPause | None = None  # sent only while paused, so an older agent refuses only those batches
 
 
 class Assignment(BaseModel):
@@ -234,3 +248,4 @@ class ReportAck(BaseModel):
     seq: int
     assignments: list[Assignment] = []
     commands: list[NodeCommand] = []
+    cleared: list[str] = []  # accelerators released or recovered since: their fault gauges return to 0
