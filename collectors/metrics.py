@@ -24,6 +24,8 @@ class AgentSnapshot:
     health: dict[str, str]
     counters: dict[str, float] = field(default_factory=dict)
     sources_up: dict[str, bool] = field(default_factory=dict)
+    # uuid → (kind, xid or "") → recent now; a fault seen once stays listed, reading 0 once it clears
+    recent: dict[str, dict[tuple[str, str], bool]] = field(default_factory=dict)
 
 
 class AgentCollector(Collector):
@@ -49,11 +51,15 @@ class AgentCollector(Collector):
                                       labels=[*LABELS, "reason"])
         health = GaugeMetricFamily(p + "health", "1 for the accelerator's current state as the agent sees it",
                                    labels=[*LABELS, "state"])
+        recent = GaugeMetricFamily(p + "fault_recent", "1 while a fault of this kind (and XID) is recent and not "
+                                   "cleared; 0 once released, recovered or quiet", labels=[*LABELS, "kind", "xid"])
         for info in snap.accelerators:
             labels = [snap.node, str(info.index), info.uuid, info.model]
             state = snap.health.get(info.uuid, "healthy")
             for s in HEALTH:
                 health.add_metric([*labels, s], 1.0 if s == state else 0.0)
+            for (kind, code), on in sorted(snap.recent.get(info.uuid, {}).items()):
+                recent.add_metric([*labels, kind, code], 1.0 if on else 0.0)
             sample = snap.samples.get(info.uuid)
             if sample is None:
                 continue
@@ -70,7 +76,7 @@ class AgentCollector(Collector):
             for reason in sorted(set(THROTTLE_REASONS) | set(sample.throttle_reasons)):
                 throttled.add_metric([*labels, reason], 1.0 if reason in sample.throttle_reasons else 0.0)
         yield from families.values()
-        yield from (xid, ecc, throttled, health)
+        yield from (xid, ecc, throttled, health, recent)
         yield from self._agent_series(snap)
 
     @staticmethod

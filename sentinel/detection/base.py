@@ -111,7 +111,9 @@ class Detector:
                  f"{worst.title}",
             comparison=f"{len(findings) / max(1, subjects):.0%} of what this detector watches; independent faults "
                        "rarely line up like this",
-            evidence={"subjects": subjects_seen, "example": worst.evidence},
+            evidence={"subjects": subjects_seen, "example": worst.evidence,
+                      # what remediation's fleet-wide flow weighs against the breaker (it drains nothing itself)
+                      "nodes": sorted({f.subject.node for f in findings if f.subject.node})},
             next_steps=["Look for a shared cause before touching single nodes: network fabric, shared storage, "
                         "the scheduler, a recent deploy or configuration change",
                         "Individual incidents are not opened while this holds; `sentinel incidents` lists "

@@ -65,11 +65,13 @@ class DetectionEngine:
     # -- event-driven ---------------------------------------------------------------------------------
     def on_report(self, live: NodeLive, report: NodeReport, exits: list[ClosedTask]) -> None:
         """Ingest listener (runs on the event loop): remember faults, run event detectors, queue findings."""
+        placed = self.ctx.assignments().get(live.id, []) if report.events else []
         for event in report.events:
             entry = self.ctx.catalog.lookup(event)
             if entry.severity != "info":
+                job = next((t.job_id for t in placed if event.accelerator_uuid in t.accelerators), None)
                 self.ctx.history.add(Fault(event.observed_at, live.name, event.accelerator_uuid, event.kind,
-                                           event.xid, entry.severity))
+                                           event.xid, entry.severity, job))
         if not report.events and not exits:
             return
         findings: list[Finding] = []

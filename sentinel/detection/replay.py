@@ -60,7 +60,8 @@ def stored_reports(session: Session, since: datetime) -> list[StoredReport]:
         stored.report.events.append(HardwareEvent.model_construct(
             kind=kind, accelerator_uuid=uuid, xid=data.get("xid"),
             message="" if message == f"{kind} reported by agent" else message,  # the default ingest stores
-            observed_at=observed_at.timestamp(), value=data.get("value")))
+            observed_at=observed_at.timestamp(), value=data.get("value"), count=int(data.get("count", 1)),
+            last_observed_at=data.get("last_observed_at")))
     return list(grouped.values())
 
 

@@ -47,6 +47,7 @@ class Finding:
     action: str = "record"  # the recommended action: record | restart_task | reset_accelerator | ...
     observed_at: float | None = None  # when the signal was first observed (detection latency is from here)
     latched: bool = False  # stays open until a person or remediation resolves it
+    occurrences: int = 1  # how many times it was seen (an agent folds repeats of an event into one, counted)
 
     @property
     def fingerprint(self) -> str:

@@ -41,7 +41,7 @@ def open_incident(session: Session, finding: Finding, now: datetime) -> Incident
         accelerator_uuid=finding.subject.accelerator, job_id=finding.subject.job_id, rank=finding.subject.rank,
         seen=finding.seen, comparison=finding.comparison, evidence=finding.evidence,
         recommended_action=finding.action, next_steps=list(finding.next_steps), latched=finding.latched,
-        occurrences=1, observed_at=min(observed, now), opened_at=now,
+        occurrences=finding.occurrences, observed_at=min(observed, now), opened_at=now,
         detection_latency_seconds=max(0.0, latency) if latency is not None else None, last_seen_at=now,
         actions=[action(now, f"opened by the {finding.detector} detector"
                         + (f" {latency:.3f}s after the agent observed it" if latency is not None else ""))])
@@ -56,7 +56,7 @@ def update_incident(session: Session, incident: Incident, finding: Finding, now:
     incident.seen, incident.comparison, incident.evidence = finding.seen, finding.comparison, finding.evidence
     incident.title = finding.title[:512]
     if repeat:
-        incident.occurrences += 1
+        incident.occurrences += finding.occurrences
     raised = SEVERITY_ORDER.get(finding.severity, 0) > SEVERITY_ORDER.get(incident.severity, 0)
     if raised:
         incident.actions = [*incident.actions, action(now, f"severity raised from {incident.severity} to "

@@ -26,6 +26,7 @@ class Fault:
     kind: str
     xid: int | None
     severity: str
+    job: int | None = None  # the job running on the accelerator then (kept in memory only)
 
 
 class FaultHistory:

@@ -40,6 +40,7 @@ class NodeLive:
     recent_order: deque[int] = field(default_factory=deque)
     pending: set[int] = field(default_factory=set)
     dirty: bool = False
+    cleared: set[str] = field(default_factory=set)  # released accelerators the agent is to hear of
 
     def remember(self, seq: int) -> None:
         """Keep the last few thousand accepted seqs so a replay is recognised without a query."""
@@ -113,6 +114,21 @@ class Fleet:
     def all(self) -> list[NodeLive]:
         with self.lock:
             return list(self._nodes.values())
+
+    def mark_cleared(self, uuid: str) -> None:
+        """`uuid` was released or recovered: its node's agent hears so with its next ack."""
+        with self.lock:
+            for live in self._nodes.values():
+                if uuid in live.accelerators:
+                    live.cleared.add(uuid)
+
+    def take_cleared(self, name: str) -> list[str]:
+        with self.lock:
+            live = self._nodes.get(name)
+            if live is None or not live.cleared:
+                return []
+            out, live.cleared = sorted(live.cleared), set()
+            return out
 
     def count_by_state(self) -> dict[str, int]:
         counts = {"active": 0, "cordoned": 0, "draining": 0, "down": 0}

@@ -154,7 +154,8 @@ class Ingest:
                  "accelerator_uuid": e.accelerator_uuid, "job_id": None,
                  "message": e.message or f"{e.kind} reported by agent",
                  "data": {"seq": report.seq, **({"xid": e.xid} if e.xid is not None else {}),
-                          **({"value": e.value} if e.value is not None else {})},
+                          **({"value": e.value} if e.value is not None else {}),
+                          **({"count": e.count, "last_observed_at": e.last_observed_at} if e.count > 1 else {})},
                  "observed_at": to_datetime(e.observed_at), "recorded_at": received}
                 for e in report.events]))
         if not coming_back and not report.task_exits:

@@ -85,7 +85,8 @@ class ReportPipeline:
         if report.tasks:
             jobs.add(live.name, report.tasks, self.clock.time())
         for closed in exits:
-            jobs.mark_ended(closed.job_id, closed.rank, closed.pid)
+            jobs.mark_ended(closed.job_id, closed.rank, closed.pid, reason=closed.failure_reason or "",
+                            at=self.clock.time())
             if closed.failure_reason:
                 jobs.count_failure(closed.job_id, closed.failure_reason)
         if exits:
@@ -102,4 +103,5 @@ class ReportPipeline:
     def ack(self, outcome: Outcome, report: NodeReport, node: str) -> ReportAck:
         """What the agent gets back: kept or duplicate, its node's assignments, commands waiting for it."""
         return ReportAck(status="duplicate" if outcome.duplicate else "accepted", node=node, seq=report.seq,
-                         assignments=self.live.assignments.of(outcome.live.id), commands=self.commands.take(node))
+                         assignments=self.live.assignments.of(outcome.live.id), commands=self.commands.take(node),
+                         cleared=self.live.fleet.take_cleared(node))

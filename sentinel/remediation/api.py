@@ -67,7 +67,11 @@ async def job_orders(job_id: IdPath, sessions: Sessions, remediation: Remediatio
     found = await run_in_threadpool(_orders, sessions, job_id, state)
     if found or wait <= 0:
         return found
-    await remediation.board.wait(job_id, wait)
+    if await remediation.board.wait(job_id, wait) == "stopped":
+        # the server is stopping: "nothing new yet" sends the launcher to poll again (the next server, or this one
+        # restarted) — an ordinary end of a long-poll, said in one line
+        log.info("orders long-poll ended by the server stopping: job=%d", job_id)
+        return []
     return await run_in_threadpool(_orders, sessions, job_id, state)
 
 
@@ -148,7 +152,8 @@ def quarantine(uuid: str, sessions: Sessions, remediation: Remediation,
 
 
 @router.post("/accelerators/{uuid}/release", response_model=list[str])
-def release(uuid: str, sessions: Sessions, incidents: IncidentLog, who: Annotated[Principal, Depends(allow(OPERATE))],
+def release(uuid: str, sessions: Sessions, incidents: IncidentLog, remediation: Remediation,
+            who: Annotated[Principal, Depends(allow(OPERATE))],
             body: Annotated[HealthChange | None, Body()] = None) -> list[str]:
     """Back in service after repair: healthy again, and the latched incidents about it are resolved."""
     change = body or HealthChange()
@@ -160,6 +165,7 @@ def release(uuid: str, sessions: Sessions, incidents: IncidentLog, who: Annotate
         raise not_found(exc) from exc
     for incident_id in latched:
         incidents.resolve(incident_id, actor=who.actor, reason=f"accelerator released: {reason}")
+    remediation.fleet.mark_cleared(uuid)  # its agent's fault gauges return to 0 with the next ack
     log.info("accelerator released: accelerator=%s by=%s incidents=%s", uuid, who.actor, latched)
     lines = [f"accelerator {uuid} is healthy again" if changed else f"accelerator {uuid} was already healthy"]
     return lines + [f"resolved incident #{i}" for i in latched]

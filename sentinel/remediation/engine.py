@@ -115,6 +115,8 @@ class RemediationEngine:
         """Incident listener: a new incident, or a new occurrence of an open one, may need action."""
         if what in ("opened", "repeated") and self.settings.remediation_enabled:
             self._worker.put(incident.id)
+        elif what == "resolved" and incident.accelerator_uuid:
+            self.fleet.mark_cleared(incident.accelerator_uuid)  # recovered: its fault gauges return to 0
 
     def on_report(self, live: Any, report: Any, exits: Any) -> None:
         """Probe results in a report go to the remediation thread."""
@@ -136,10 +138,18 @@ class RemediationEngine:
     # -- deciding and acting -------------------------------------------------------------------------
     def handle(self, incident_id: int) -> None:
         with self._factory() as session:
-            facts = _facts(session, incident_id)
+            facts = _facts(session, incident_id, self.clock.time(), self.settings.breaker_window_seconds)
         if facts is None:
             return
         decision = policy.decide(facts)
+        if decision.flow == "stale":
+            log.warning("not acted on: incident=%d observed %.0fs ago, older than the breaker window", incident_id,
+                        facts.age_seconds)
+            self.incidents.annotate(incident_id, f"not acted on automatically: observed {facts.age_seconds:.0f}s ago, "
+                                    f"older than the breaker window ({facts.max_age_seconds:.0f}s) — a replayed or "
+                                    "late event; check the hardware and quarantine or drain by hand if it is still "
+                                    "faulty", severity="critical")
+            return
         with self._act_lock:
             self._carry_out(incident_id, decision)
 
@@ -174,7 +184,10 @@ class RemediationEngine:
                        counts=self.counts, now=to_datetime(self.clock.time()), on_order=self.recoveries.ordered)
 
     def _finish(self, incident_id: int | None, out: Outcome) -> Outcome:
-        """After the commit: orders delivered, node actions carried out, the incident's timeline written."""
+        """After the commit: orders delivered, node actions carried out, incidents it found opened (a restart
+        storm), the incident's timeline written."""
+        if out.findings:
+            self.incidents.record(out.findings, repeat=False)
         for ordered in out.orders:
             self._deliver(ordered, incident_id)
         for action in out.actions:
@@ -228,7 +241,7 @@ class RemediationEngine:
         self.incidents.annotate(incident_id, line)
 
 
-def _facts(session: Session, incident_id: int) -> policy.Facts | None:
+def _facts(session: Session, incident_id: int, now: float, max_age: float) -> policy.Facts | None:
     """What remediation decides on: the incident's action and subjects, and the accelerators they cover."""
     incident = session.get(Incident, incident_id)
     if incident is None or incident.state == "resolved":
@@ -244,4 +257,16 @@ def _facts(session: Session, incident_id: int) -> policy.Facts | None:
     return policy.Facts(action=incident.recommended_action, detector=incident.detector, node=node,
                         accelerator=incident.accelerator_uuid, job_id=incident.job_id,
                         node_accelerators=present((node,)) if node and flow == "take_out_node" else (),
-                        wide_nodes=wide, wide_accelerators=present(wide) if wide else ())
+                        wide_nodes=wide, wide_accelerators=present(wide) if wide else (),
+                        age_seconds=max(0.0, now - _latest_event(incident, now)), max_age_seconds=max_age)
+
+
+def _latest_event(incident: Incident, now: float) -> float:
+    """When the agent last saw the event an incident is about (`now` for statistical incidents: a lemon's
+    evidence is days old by design, and it is judged afresh at every evaluation)."""
+    event = incident.evidence.get("event") if isinstance(incident.evidence, dict) else None
+    if isinstance(event, dict):
+        at = event.get("last_observed_at") or event.get("observed_at")
+        if isinstance(at, int | float):
+            return float(at)
+    return now

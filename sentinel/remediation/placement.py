@@ -98,6 +98,8 @@ class BestFitSameModel(PlacementPolicy):
                 out[rank] = (node, list(uuids))
                 free.difference_update(uuids)
         moving = sorted(request.replace)
+        if not moving:  # a restart in place: every rank keeps its accelerators, even on a full fleet
+            return out
         old = [inventory.slots[u] for r in moving for u in request.ranks.get(r, []) if u in inventory.slots]
         if old:
             model = Counter(s.model for s in old).most_common(1)[0][0]

@@ -8,10 +8,13 @@ incident. The other functions here are the rules a flow applies once it runs (re
 | ----------------------------------- | -------------------- | -------------------------- |
 | reset_accelerator, quarantine       | take out accelerator | the accelerator            |
 | restart_node, drain_node            | take out node        | the node                   |
-| page (a fleet-wide finding)         | fleet-wide           | the nodes it names         |
+| page (a fleet-wide finding)         | fleet-wide (escalate)| nothing; weighs its nodes  |
 | probe (statistical evidence)        | probe first          | the accelerator            |
 | restart_task                        | restart the job      | the job                    |
 | record, or anything else            | nothing              |                            |
+
+A take-out whose latest observation is older than the breaker's window (a spool replayed after a partition,
+events queued while the breaker was open) is `stale`: escalated to a person, never acted on.
 """
 
 from __future__ import annotations
@@ -20,7 +23,8 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Literal
 
-Flow = Literal["take_out_accelerator", "take_out_node", "fleet_wide", "probe", "restart_job", "nothing"]
+Flow = Literal["take_out_accelerator", "take_out_node", "fleet_wide", "probe", "restart_job", "stale", "nothing"]
+TAKES_OUT: frozenset[Flow] = frozenset({"take_out_accelerator", "take_out_node"})
 
 DECISIONS: dict[str, Flow] = {
     "reset_accelerator": "take_out_accelerator",
@@ -48,6 +52,8 @@ class Facts:
     node_accelerators: tuple[str, ...] = ()  # present accelerators of `node`
     wide_nodes: tuple[str, ...] = ()  # the nodes a fleet-wide finding names
     wide_accelerators: tuple[str, ...] = ()  # their present accelerators
+    age_seconds: float = 0.0  # since the latest observation behind the incident
+    max_age_seconds: float = float("inf")  # older than this, nothing is taken out automatically
 
 
 @dataclass(frozen=True)
@@ -64,13 +70,16 @@ NOTHING = Decision("nothing")
 
 
 def decide(facts: Facts) -> Decision:
-    """The table applied: a flow whose subject is unknown (no accelerator, node or job) does nothing."""
+    """The table applied: a flow whose subject is unknown (no accelerator, node or job) does nothing, except
+    a page, which escalates whatever it names."""
     flow = DECISIONS.get(facts.action, "nothing")
+    if flow in TAKES_OUT and facts.age_seconds > facts.max_age_seconds:
+        return Decision("stale")  # a replayed or spooled event (NVSentinel #450): a person looks first
     if flow == "take_out_accelerator" and facts.accelerator:
         return Decision(flow, accelerators=(facts.accelerator,))
     if flow == "take_out_node" and facts.node:
         return Decision(flow, accelerators=facts.node_accelerators, drain=facts.node)
-    if flow == "fleet_wide" and facts.wide_nodes:
+    if flow == "fleet_wide":  # pages a person in every case; the nodes it names are weighed for the breaker
         return Decision(flow, accelerators=facts.wide_accelerators, nodes=facts.wide_nodes)
     if flow == "probe" and facts.accelerator:
         return Decision(flow, accelerators=(facts.accelerator,))
@@ -96,9 +105,21 @@ def restart_wanted(*, after_failure: bool, failed_in_latest: int, newer_orders: 
     return not newer_orders and not (after_failure and not failed_in_latest)
 
 
-def within_migration_limit(restarts_last_hour: int, limit: int) -> bool:
-    """A job restarted `limit` times within the hour is left for a person: the cause follows it."""
-    return restarts_last_hour < limit
+def restart_storm(*, recent: int, limit: int, window_seconds: float, hourly: int, hourly_limit: int,
+                  steps: list[int | None], next_step: int | None, without_progress: int) -> str:
+    """Why the next automatic restart of a job must not happen (a restart storm), or ''. `recent`/`hourly`:
+    its restarts within `window_seconds` / the last hour; `steps`: the checkpoint step each of its latest
+    restarts resumed from, newest first; `next_step`: the one the next would resume from. A job that never
+    committed a checkpoint is judged by the counts alone (NVRx nvrx-watch's patterns)."""
+    if recent >= limit:
+        return f"restarted {recent} times in the last {window_seconds / 60:g} min (restart_storm_restarts {limit})"
+    if hourly >= hourly_limit:
+        return f"restarted {hourly} times in the last hour, the limit (max_migrations_per_hour {hourly_limit})"
+    last = steps[:without_progress]
+    if next_step is not None and len(last) == without_progress and all(s == next_step for s in last):
+        return (f"restarted {without_progress} times without checkpoint progress: each resumed from step "
+                f"{next_step}, and the next would too (restart_storm_without_progress {without_progress})")
+    return ""
 
 
 def probe_verdict(value: float | None, threshold: float) -> Literal["quarantine", "healthy", "unavailable"]:

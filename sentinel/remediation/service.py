@@ -3,7 +3,10 @@
 Each takes the caller's session and never commits; it returns an `Outcome` that says what was done, which
 orders were issued and which actions the executors owe, for the engine to carry out after the commit
 (remediation/engine.py). What to do is decided by policy.py; the circuit breaker gates every automatic
-action (breaker.py); a person's manual quarantine bypasses it.
+action that takes capacity away — a quarantine, a drain, a probe (it marks the accelerator suspect)
+(breaker.py); restarts, moves off hardware already out of service, and a person's uncordon or release keep
+working while it is open. A person's manual quarantine bypasses it. Before every restart the restart-storm
+rule applies (storms.py).
 """
 
 from __future__ import annotations
@@ -12,7 +15,7 @@ import logging
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from datetime import datetime, timedelta
+from datetime import datetime
 from typing import Any
 
 from sqlalchemy import func, select
@@ -22,12 +25,13 @@ from sentinel.accelerators.models import Accelerator
 from sentinel.accelerators.service import get_accelerator, set_health
 from sentinel.checkpoints.service import plan_recovery
 from sentinel.config import Settings
+from sentinel.incidents.findings import Finding
 from sentinel.incidents.models import Incident
 from sentinel.jobs.models import Job, Task
 from sentinel.live.fleet import Fleet
 from sentinel.nodes.models import Node
 from sentinel.nodes.service import set_admin_state
-from sentinel.remediation import policy
+from sentinel.remediation import policy, storms
 from sentinel.remediation.breaker import Breaker
 from sentinel.remediation.executors.base import Action, JobRef
 from sentinel.remediation.models import Order, Remediation
@@ -94,6 +98,7 @@ class Outcome:
     escalate: bool = False
     orders: list[Ordered] = field(default_factory=list)
     actions: list[Action] = field(default_factory=list)  # node actions for the configured executors
+    findings: list[Finding] = field(default_factory=list)  # incidents to open (a restart storm)
 
 
 def record(session: Session, ctx: Context, incident_id: int | None, action: str, subject: str, result: str,
@@ -201,8 +206,11 @@ def take_out(session: Session, ctx: Context, incident_id: int | None, uuids: lis
 
 
 def _gated(session: Session, ctx: Context, incident_id: int | None, target: _Target, out: Outcome) -> bool:
+    """The breaker blocks taking capacity away (a new quarantine or drain), never moving a job off what is
+    out of service already (NVSentinel PR #1852)."""
     ref = incident_id or 0
-    if blocked_by_breaker(session, ctx, ref, out, "quarantine_accelerator"):
+    takes_away = bool(target.proposed) or target.node is not None
+    if takes_away and blocked_by_breaker(session, ctx, ref, out, "quarantine_accelerator"):
         return True
     if target.proposed:
         reason = trips_breaker(session, ctx, incident_id, target.proposed, "quarantine_accelerator",
@@ -255,11 +263,13 @@ def fleet_wide(session: Session, ctx: Context, incident_id: int, uuids: list[str
     reason = trips_breaker(session, ctx, incident_id, set(uuids), "drain_node", f"{len(nodes)} nodes")
     if reason:
         out.lines.append(f"circuit breaker tripped: {reason}. Nothing was quarantined or drained")
-    else:
+    elif nodes:
         record(session, ctx, incident_id, "drain_node", f"{len(nodes)} nodes", "skipped",
                "a fleet-wide outage is a person's call")
         out.lines.append(f"{len(nodes)} nodes at once: not drained automatically; a fleet-wide outage is a "
                          "person's call")
+    else:
+        out.lines.append("many subjects at once: nothing is changed automatically; a shared cause is a person's call")
     out.escalate = True
     return out
 
@@ -280,8 +290,7 @@ def restart_in_place(session: Session, ctx: Context, incident_id: int, job_id: i
         Order.job_id == job_id, Order.attempt > latest, Order.state != "superseded")) or 0
     if not policy.restart_wanted(after_failure=after_failure, failed_in_latest=failed, newer_orders=newer):
         return out
-    if blocked_by_breaker(session, ctx, incident_id, out, "restart_job"):
-        return out
+    # no breaker here: a restart takes no capacity away (it re-places only ranks on unusable hardware)
     if ctx.settings.remediation_dry_run:
         record(session, ctx, incident_id, "restart_job", f"job/{job_id}", "dry_run", "")
         out.lines.append(f"dry run: would restart job {job_id} as attempt {latest + 1}")
@@ -318,13 +327,7 @@ def job_ref(job: Job) -> JobRef:
 def move_job(session: Session, ctx: Context, job: Job, bad: set[str], incident_id: int | None,
              out: Outcome) -> None:
     """Order `job` restarted (a new attempt), its ranks on `bad` or on unusable hardware re-placed."""
-    recent = session.scalar(select(func.count()).select_from(Order).where(
-        Order.job_id == job.id, Order.created_at >= ctx.now - timedelta(hours=1), Order.state != "superseded")) or 0
-    if not policy.within_migration_limit(recent, ctx.settings.max_migrations_per_hour):
-        record(session, ctx, incident_id, "restart_job", f"job/{job.id}", "skipped", "migration limit")
-        out.lines.append(f"job {job.id} ({job.name}) was restarted {recent} times in the last hour, the limit "
-                         f"(max_migrations_per_hour): not restarted again; look for a cause that follows it")
-        out.escalate = True
+    if _storm_stops(session, ctx, job, incident_id, out):
         return
     latest = latest_attempt(session, job.id)
     current = {t.rank: list(t.accelerators) for t in session.scalars(
@@ -340,6 +343,26 @@ def move_job(session: Session, ctx: Context, job: Job, bad: set[str], incident_i
         out.escalate = True
         return
     _order(session, ctx, job, placement, replace, incident_id, out)
+
+
+def _storm_stops(session: Session, ctx: Context, job: Job, incident_id: int | None, out: Outcome) -> bool:
+    """A job held by a restart-storm incident, or about to start one, is not restarted (storms.py)."""
+    held = storms.held_by(session, job.id)
+    if held is not None:
+        record(session, ctx, incident_id, "restart_job", f"job/{job.id}", "skipped", f"held by incident #{held}")
+        out.lines.append(f"job {job.id} ({job.name}) not restarted: automatic restarts are held by restart-storm "
+                         f"incident #{held} until a person resolves it")
+        return True
+    reason, latest = storms.storm(session, ctx.settings, job, ctx.now)
+    if not reason:
+        return False
+    record(session, ctx, incident_id, "restart_job", f"job/{job.id}", "skipped", f"restart storm: {reason}")
+    out.lines.append(f"job {job.id} ({job.name}) not restarted: {reason}; a restart-storm incident holds its "
+                     "automatic restarts until a person resolves it — look for a cause that follows the job")
+    out.findings.append(storms.finding(job, reason, latest, incident_id, ctx.now.timestamp()))
+    out.escalate = True
+    log.error("restart storm: job=%d incident=%s %s", job.id, incident_id, reason)
+    return True
 
 
 def _order(session: Session, ctx: Context, job: Job, placement: dict[int, tuple[str, list[str]]],

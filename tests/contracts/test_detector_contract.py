@@ -106,13 +106,6 @@ def known_gap(reason: str, *names: str, raises: type[Exception] = AssertionError
 NO_EVIDENCE_WINDOW = known_gap(
     "periodic (statistical), but its evidence has no metric window (evidence['window']) to show what was seen",
     "hang", "heartbeat", raises=KeyError)
-NODE_LEMON_QUARANTINES = known_gap(
-    "a node lemon (no accelerator) recommends `quarantine`, which needs an accelerator: remediation does "
-    "nothing; its next steps say cordon the node (`drain_node`)", "lemon")
-FLEET_WIDE_NAMES_NO_NODES = known_gap(
-    "the inherited Detector.fleet_wide recommends `page` but its evidence has no 'nodes', which remediation's "
-    "fleet-wide flow reads (remediation/engine.py _facts), so policy.decide returns nothing to do",
-    *(name for name in PERIODIC if DETECTORS[name].fleet_wide is Detector.fleet_wide))
 
 
 def scenario(kind: str, name: str) -> Outcome:
@@ -272,7 +265,7 @@ def test_its_true_positive_fires_with_dense_feedback(name: str):
         check_actionable(finding)
 
 
-@pytest.mark.parametrize("name", implementations(NAMES, marks=NODE_LEMON_QUARANTINES))
+@pytest.mark.parametrize("name", implementations(NAMES))
 def test_its_findings_on_two_subjects_are_dense_and_actionable(name: str):
     _, _, stream = scenario("two-subject", name)
     found = fired(stream)
@@ -301,7 +294,7 @@ def test_many_subjects_at_once_make_one_dense_fleet_wide_finding(name: str):
     check_dense(wide, name, now, fleet_wide=True)
 
 
-@pytest.mark.parametrize("name", implementations(PERIODIC, marks=FLEET_WIDE_NAMES_NO_NODES))
+@pytest.mark.parametrize("name", implementations(PERIODIC))
 def test_a_fleet_wide_finding_names_the_nodes_remediation_needs(name: str):
     wide, findings, _ = fleet_wide(name)
     check_actionable(wide)

@@ -9,6 +9,7 @@ from typing import Any
 
 from sentinel.config import Settings
 from sentinel.detection.base import DetectionContext, Detector, Evaluation
+from sentinel.detection.catalog import FaultCatalog
 from sentinel.incidents.findings import Finding
 from sentinel.live.checkpoints import CheckpointLedger
 from sentinel.live.faults import Fault, FaultHistory
@@ -37,7 +38,7 @@ class World:
         self.assignments: dict[int, list[Assignment]] = {}
         self.checkpoints = CheckpointLedger()
         self.ctx = DetectionContext(settings=self.settings, clock=self.clock, fleet=self.fleet, samples=self.samples,
-                                    jobs=self.jobs, catalog=None,  # type: ignore[arg-type]
+                                    jobs=self.jobs, catalog=FaultCatalog.load(),
                                     history=self.history, assignments=lambda: self.assignments,
                                     checkpoints=self.checkpoints)
         self._last_step: dict[tuple[int, int], int] = {}

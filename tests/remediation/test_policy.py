@@ -30,7 +30,7 @@ TABLE: list[tuple[Facts, Decision]] = [
     # a flow whose subject is unknown does nothing
     (Facts("reset_accelerator", "hardware", node=NODE), policy.NOTHING),
     (Facts("restart_node", "hardware", accelerator=GPU), policy.NOTHING),
-    (Facts("page", "heartbeat"), policy.NOTHING),
+    (Facts("page", "allreduce_spike"), Decision("fleet_wide")),  # jobs, no nodes: still pages a person
     (Facts("probe", "straggler", job_id=JOB), policy.NOTHING),
     (Facts("restart_task", "task_exit", node=NODE), policy.NOTHING),
     (Facts("no_such_action", "hardware", node=NODE, accelerator=GPU, job_id=JOB), policy.NOTHING),
@@ -76,8 +76,26 @@ def test_serving_replicas_are_replaced_and_everything_else_restarts() -> None:
     assert policy.order_kind("batch") == "restart"
 
 
-def test_the_migration_limit_and_the_probe_verdict() -> None:
-    assert policy.within_migration_limit(2, 3) and not policy.within_migration_limit(3, 3)
+STORM = {"limit": 5, "window_seconds": 1800.0, "hourly_limit": 12, "without_progress": 3}
+
+
+@pytest.mark.parametrize(("recent", "hourly", "steps", "next_step", "why"), [
+    (4, 4, [], None, ""),  # 4 restarts in 30 min: another may happen
+    (5, 5, [], None, "restarted 5 times in the last 30 min"),
+    (2, 12, [], None, "restarted 12 times in the last hour"),
+    (3, 3, [100, 100, 100], 100, "restarted 3 times without checkpoint progress"),
+    (3, 3, [100, 100, 90], 100, ""),  # it progressed between the last restarts
+    (3, 3, [100, 100, 100], 200, ""),  # a newer checkpoint since: the next resumes further on
+    (2, 2, [100, 100], 100, ""),  # only two so far
+    (3, 3, [None, None, None], None, ""),  # never checkpointed: judged by the counts alone
+])
+def test_a_restart_storm_is_judged_by_counts_and_checkpoint_progress(recent: int, hourly: int, steps: list[int | None],
+                                                                     next_step: int | None, why: str) -> None:
+    reason = policy.restart_storm(recent=recent, hourly=hourly, steps=steps, next_step=next_step, **STORM)
+    assert reason.startswith(why) if why else reason == ""
+
+
+def test_the_probe_verdict() -> None:
     assert policy.probe_verdict(0.5, 0.8) == "quarantine"
     assert policy.probe_verdict(0.8, 0.8) == "healthy"
     assert policy.probe_verdict(None, 0.8) == "unavailable"

@@ -1,5 +1,6 @@
 """Remediation through the real app on SQLite and PostgreSQL: quarantine, drain, orders, placement, the
-breaker, dry run, the migration limit, manual quarantine and release."""
+breaker, dry run, manual quarantine and release (restart storms and the breaker's limits:
+test_field_hardening.py)."""
 
 from __future__ import annotations
 
@@ -8,70 +9,12 @@ import time
 from typing import Any
 
 import pytest
-from fastapi.testclient import TestClient
 
-from sentinel.config import Settings
 from sentinel.detection.base import Detector, Evaluation
 from sentinel.incidents.findings import Finding, Subject
-from sentinel.runtime import Runtime
-from tests.conftest import FakeClock, bearer
+from tests.conftest import bearer
 from tests.factories import registration, report
-
-
-@pytest.fixture
-def overrides() -> dict[str, Any]:
-    return {}
-
-
-@pytest.fixture
-def settings(tmp_path, database_url: str, overrides: dict[str, Any]) -> Settings:  # type: ignore[no-untyped-def]
-    return Settings(data_dir=tmp_path / "data", database_url=database_url, metrics_require_token=False,
-                    **overrides)
-
-
-def rt(client: TestClient) -> Runtime:
-    runtime: Runtime = client.app.state.runtime  # type: ignore[attr-defined]
-    return runtime
-
-
-def settle(client: TestClient) -> None:
-    assert rt(client).detection.drain() and rt(client).remediation.drain()
-
-
-@pytest.fixture
-def fleet(client: TestClient, make_token) -> dict[str, Any]:  # type: ignore[no-untyped-def]
-    """Two nodes with two accelerators each, and a 2-rank job on node-a."""
-    agent, launcher = bearer(make_token("agent")), bearer(make_token("launcher"))
-    for name in ("node-a", "node-b"):
-        assert client.post("/api/v1/nodes/register", json=registration(name, 2, 1.0), headers=agent).status_code == 200
-    job = client.post("/api/v1/jobs", json={"name": "llm", "world_size": 2}, headers=launcher).json()
-    placement = client.post(f"/api/v1/jobs/{job['id']}/placement", json={}, headers=launcher)
-    assert placement.status_code == 200, placement.text
-    for slot in placement.json():
-        body = {"rank": slot["rank"], "node": slot["node"], "accelerators": slot["accelerators"],
-                "pid": 1000 + slot["rank"]}
-        assert client.post(f"/api/v1/jobs/{job['id']}/tasks", json=body, headers=launcher).status_code == 201
-    return {"agent": agent, "launcher": launcher, "job": job["id"], "placement": placement.json(), "seq": [0]}
-
-
-def xid(client: TestClient, fleet: dict[str, Any], code: int, uuid: str, clock: FakeClock) -> None:
-    fleet["seq"][0] += 1
-    node = uuid.rsplit("-", 1)[0].removeprefix("SIM-")
-    body = report(node=node, seq=fleet["seq"][0], interval=1.0,
-                  events=[{"kind": "xid", "accelerator_uuid": uuid, "xid": code, "observed_at": clock.time()}])
-    assert client.post(f"/api/v1/nodes/{node}/reports", json=body, headers=fleet["agent"]).status_code == 200
-    settle(client)
-
-
-def health(client: TestClient, token: str) -> dict[str, str]:
-    return {a["uuid"]: a["health"] for a in client.get("/api/v1/accelerators", headers=bearer(token)).json()}
-
-
-def timeline(client: TestClient, token: str, detector: str = "hardware") -> str:
-    [incident] = client.get("/api/v1/incidents", params={"detector": detector, "state": "all"},
-                            headers=bearer(token)).json()["incidents"]
-    return "\n".join(a["text"] for a in client.get(f"/api/v1/incidents/{incident['id']}",
-                                                   headers=bearer(token)).json()["actions"])
+from tests.remediation.conftest import health, rt, settle, timeline, xid
 
 
 def test_first_placement_keeps_the_ranks_on_one_node(fleet):
@@ -162,30 +105,6 @@ def test_dry_run_records_what_it_would_do_and_does_nothing(client, fleet, admin_
     assert client.get(f"/api/v1/jobs/{fleet['job']}/orders", headers=fleet["launcher"]).json() == []
     assert "dry run: would quarantine" in timeline(client, admin_token)
     assert [r["result"] for r in client.get("/api/v1/remediations", headers=bearer(admin_token)).json()] == ["dry_run"]
-
-
-@pytest.mark.parametrize("overrides", [{"max_migrations_per_hour": 1}])
-def test_a_job_restarted_too_often_is_left_for_a_person(client, fleet, admin_token, clock, overrides):
-    for seq, rank in ((1, 0), (2, 1)):
-        body = report(node=fleet["placement"][0]["node"], seq=100 + seq, interval=1.0)
-        body["task_exits"] = [{"job_id": fleet["job"], "rank": rank, "pid": 1000 + rank, "exit_code": 1,
-                               "observed_at": clock.time()}]
-        client.post(f"/api/v1/nodes/{body['node']}/reports", json=body, headers=fleet["agent"])
-        settle(client)
-        if seq == 1:
-            [order] = client.get(f"/api/v1/jobs/{fleet['job']}/orders", headers=fleet["launcher"]).json()
-            client.post(f"/api/v1/orders/{order['id']}/ack", json={"status": "done"}, headers=fleet["launcher"])
-            for slot in order["placement"]:
-                client.post(f"/api/v1/jobs/{fleet['job']}/tasks", headers=fleet["launcher"], json={
-                    "rank": slot["rank"], "node": slot["node"], "accelerators": slot["accelerators"],
-                    "pid": 1000 + slot["rank"], "attempt": 1})
-    orders = client.get(f"/api/v1/jobs/{fleet['job']}/orders", params={"state": "all"},
-                        headers=fleet["launcher"]).json()
-    assert len(orders) == 1, "the second failure within the hour is not restarted"
-    text = timeline(client, admin_token, "task_exit")
-    assert "limit (max_migrations_per_hour)" in text
-    [incident] = client.get("/api/v1/incidents", headers=bearer(admin_token)).json()["incidents"]
-    assert incident["severity"] == "critical"
 
 
 def test_an_order_nobody_acknowledges_escalates_the_incident(client, fleet, admin_token, clock):

@@ -15,6 +15,12 @@ from sentinel.detection.base import DetectionContext
 EVIDENCE_POINTS = 60  # a finding's window is never longer than this
 
 
+def is_application(ctx: DetectionContext, kind: str, xid: int | None) -> bool:
+    """Is this fault normally caused by the running program (the catalog's origin), not the accelerator?
+    Such faults restart the task; they never make a lemon nor drain a node without corroboration."""
+    return kind == "xid" and xid is not None and ctx.catalog.xids.get(xid, ctx.catalog.default_xid).application
+
+
 @dataclass
 class Placements:
     """Where things are, indexed once per evaluation: O(accelerators + tasks) to build, O(1) to ask."""

@@ -6,16 +6,13 @@ from collections import Counter
 from typing import TYPE_CHECKING, Any
 
 from sentinel.detection.base import DetectionContext, Detector, Evaluation, register
-from sentinel.detection.detectors._common import EVIDENCE_POINTS, evidence_window
+from sentinel.detection.detectors._common import EVIDENCE_POINTS, evidence_window, is_application
 from sentinel.incidents.findings import Finding, Subject
 from sentinel.live.faults import Fault
 
 if TYPE_CHECKING:
     from sentinel.config import Settings
 
-# XIDs an application causes (illegal address, MMU fault from user code, a killed context): not the
-# hardware's fault, so they never make a lemon (DESIGN §4: 13/31/43 restart the task only).
-APPLICATION_XIDS = frozenset({13, 31, 43, 45})
 HARDWARE_SEVERITIES = ("warning", "critical")
 
 
@@ -30,7 +27,7 @@ class LemonDetector(Detector):
     changes slowly, so the count is refreshed at most every `check_seconds`.
 
     Options (defaults): faults 3, node_faults 5, window_seconds 604800 (7 days), episode_seconds 3600,
-    check_seconds 60. Layer: hardware; recommended action: quarantine.
+    check_seconds 60. Layer: hardware; recommended action: quarantine (an accelerator), drain_node (a node).
     """
 
     name = "lemon"
@@ -47,7 +44,7 @@ class LemonDetector(Detector):
         window = self.option("window_seconds", 7 * 86400.0)
         episode = self.option("episode_seconds", 3600.0)
         faults = sorted((f for f in ctx.history.recent(now, window_seconds=window)
-                         if f.severity in HARDWARE_SEVERITIES and not (f.kind == "xid" and f.xid in APPLICATION_XIDS)),
+                         if f.severity in HARDWARE_SEVERITIES and not is_application(ctx, f.kind, f.xid)),
                         key=lambda f: f.at)  # events may arrive out of order
         by_accelerator: dict[str, list[Fault]] = {}
         by_node: dict[str, list[Fault]] = {}
@@ -108,7 +105,7 @@ class LemonDetector(Detector):
                 + " (retired pages, pending or failed row remaps)",
                 "If diagnostics fail or faults recur after a reset: open an RMA with the vendor, attaching this "
                 "incident's fault list"],
-            action="quarantine", observed_at=episodes[threshold - 1].at)
+            action="drain_node" if is_node else "quarantine", observed_at=episodes[threshold - 1].at)
 
 
 class _FleetRate:

@@ -1,22 +1,28 @@
-"""Task exits with a non-zero code or a signal, handled as they arrive. One incident per job: when a
-collective breaks, every rank exits within a second, and that is one failure, not world-size pages."""
+"""Task exits with a non-zero code or a signal, or exit 0 right after an error the SDK saw (an exit that lies:
+SkyPilot #4421), handled as they arrive. One incident per job: when a collective breaks, every rank exits within
+a second, and that is one failure, not world-size pages. Exit 0 while the peers still wait is judged later, by
+the hang detector."""
 
 from __future__ import annotations
 
 from sentinel.detection.base import DetectionContext, Detector, register
+from sentinel.detection.detectors._common import is_application
 from sentinel.incidents.findings import Finding, OpenIncident, Subject
 from sentinel.jobs.service import ClosedTask, describe_exit
+from sentinel.live.faults import Fault
 from sentinel.live.fleet import NodeLive
-from sentinel.telemetry.schemas import NodeReport
+from sentinel.telemetry import schemas
+from sentinel.telemetry.schemas import NodeReport, TaskFailure
 
 CORRELATE_SECONDS = 120.0  # a hardware fault on the node this recently is the likelier cause
 
 
 @register
 class TaskExit(Detector):
-    """A task that exited with a non-zero code, a signal or an exception, on the report that carried the
-    exit; one incident per job. Exits of an attempt Sentinel ordered replaced are expected and not judged.
-    A hardware fault on the same node within the last 2 minutes is named as the likelier cause."""
+    """A task that exited with a non-zero code, a signal, an exception, or 0 right after an error the SDK saw, on
+    the report that carried the exit; one incident per job. Exits of an attempt Sentinel ordered replaced are
+    expected and not judged. A hardware fault on the same node within the last 2 minutes is named as the likelier
+    cause."""
 
     name = "task_exit"
 
@@ -33,23 +39,13 @@ class TaskExit(Detector):
             failure = exceptions.get(closed.pid)
             _, sentence = describe_exit(ended.exit_code if ended else None, ended.signal if ended else None,
                                         failure.type if failure else None)
-            faults = [f for f in ctx.history.recent(observed, window_seconds=CORRELATE_SECONDS, node=live.name)
+            recent = [f for f in ctx.history.recent(observed, window_seconds=CORRELATE_SECONDS, node=live.name)
                       if f.severity != "info"]
             stats = ctx.jobs.job(closed.job_id)
             total_failures = sum(stats.failures.values())
             peers = sorted(r for r in stats.ranks if r != closed.rank)
             nodes = ", ".join(sorted({r.node for r in stats.ranks.values() if r.node})) or "unknown nodes"
-            if faults:
-                layer = "hardware"
-                cause = ("It followed " + ", ".join(
-                    f"{f.kind}{' ' + str(f.xid) if f.xid is not None else ''} on {f.accelerator or f.node}"
-                    f" {observed - f.at:.1f}s earlier" for f in faults[-3:]) + ": the hardware is the likely cause.")
-            elif ended is not None and ended.signal == 9:
-                layer, cause = "software", "SIGKILL without a hardware fault: the kernel OOM killer or an operator."
-            elif failure is not None:
-                layer, cause = "software", f"The SDK saw an uncaught {failure.type}: {failure.message[:300]}"
-            else:
-                layer, cause = "software", "No hardware fault was reported on the node around that time."
+            layer, cause = _cause(ctx, recent, ended, failure, observed)
             findings.append(Finding(
                 detector=self.name, key=f"job={closed.job_id}", severity="warning",
                 title=f"job {closed.job_id} rank {closed.rank} {sentence} on {live.name}", layer=layer,
@@ -64,7 +60,7 @@ class TaskExit(Detector):
                                    "signal": ended.signal if ended else None, "observed_at": observed},
                           "exception": failure.model_dump() if failure else None,
                           "recent_faults": [{"kind": f.kind, "xid": f.xid, "accelerator": f.accelerator, "at": f.at}
-                                            for f in faults[-10:]],
+                                            for f in recent[-10:]],
                           "failures_by_reason": dict(stats.failures)},
                 next_steps=[f"The rank's log on {live.name} around the exit (pid {closed.pid})",
                             "If the node had a hardware fault, see that incident; otherwise `dmesg -T | grep -i -e "
@@ -83,3 +79,27 @@ class TaskExit(Detector):
         stepping = any(r.last_progress_at is not None and r.last_progress_at > incident.opened_at and not r.ended
                        for r in stats.ranks.values())
         return not stepping
+
+
+def _cause(ctx: DetectionContext, recent: list[Fault], ended: schemas.TaskExit | None, failure: TaskFailure | None,
+           observed: float) -> tuple[str, str]:
+    """(layer, the likely cause in a sentence): a hardware fault just before, the job's own application XID,
+    the OOM killer, an exception the SDK saw (an exit 0 after one lies), or nothing known."""
+    faults = [f for f in recent if not is_application(ctx, f.kind, f.xid)]
+    application = [f for f in recent if is_application(ctx, f.kind, f.xid)]
+    if faults:
+        return "hardware", ("It followed " + ", ".join(
+            f"{f.kind}{' ' + str(f.xid) if f.xid is not None else ''} on {f.accelerator or f.node}"
+            f" {observed - f.at:.1f}s earlier" for f in faults[-3:]) + ": the hardware is the likely cause.")
+    if application:  # the job's own error reached the driver first (its job incident restarts it)
+        return "software", ("It followed application " + ", ".join(
+            f"XID {f.xid} on {f.accelerator}" for f in application[-3:]) + " (an illegal access or exception in "
+            "the job's kernels): the job, not the hardware, is the likely cause.")
+    if ended is not None and ended.signal == 9:
+        return "software", "SIGKILL without a hardware fault: the kernel OOM killer or an operator."
+    if failure is not None and ended is not None and ended.exit_code == 0:
+        return "software", (f"The SDK saw a {failure.type} ({failure.message[:300]}) and the process then exited 0 "
+                            "without a good step after it: an exit that lies, counted as a failure.")
+    if failure is not None:
+        return "software", f"The SDK saw an uncaught {failure.type}: {failure.message[:300]}"
+    return "software", "No hardware fault was reported on the node around that time."
