@@ -11,7 +11,8 @@ injects the fault to the first step logged by the next attempt.
   `sentinel launch --nproc 2` (warm standbys forked from the launcher's zygote). Faults on rank 1:
   - crash: SIGKILL its process — the agent sees the exit (netlink), the server orders a restart;
   - hang: `sentinel inject … hang` — the sim accelerator freezes the process (SIGSTOP), the hang detector
-    sees no progress (`SENTINEL_HANG_MIN_SECONDS=3`), the accelerator is quarantined, the rank moves;
+    sees no progress (its default limit: the rank's cadence, at least the data's freshness, 2.25 s at these
+    intervals), the accelerator is quarantined, the rank moves;
   - xid: `sentinel inject … xid 79` — the node is drained, both ranks move to the spare node.
   Between faults the benchmark releases the quarantined accelerators and uncordons the node.
 * **torchrun** (the baseline): `torchrun --standalone --nproc-per-node 2 --max-restarts N
@@ -26,7 +27,8 @@ the new ranks' pids); `--spacing 0` is back to back. Each spacing is its own ser
 Also measured: what idle warm standbys cost (CPU of the zygote and its waiting standbys over
 `--idle-seconds`), and how the launcher labelled each attempt (warm, or how many ranks started otherwise).
 
-Targets: crash and XID ≤ 0.1× torchrun's crash at faults 10 s apart, ≤ 0.25× back to back; hang < 15 s.
+Targets: crash and XID ≤ 0.1× torchrun's crash at faults 10 s apart, ≤ 0.25× back to back; hang < 2 s
+(issue 19; the data's freshness, 2.25 s at these intervals, keeps it above that today).
 Medians and ranges over `--rounds`.
 """
 
@@ -110,7 +112,7 @@ class SentinelWorld:
         self.procs, self.work = procs, work
         # a benchmark of recovery, not of the safety limits: neither the breaker, the migration cap nor the
         # restart-storm hold may stop it
-        self.env = {**os.environ, "SENTINEL_DATA_DIR": str(work / "server"), "SENTINEL_HANG_MIN_SECONDS": "3",
+        self.env = {**os.environ, "SENTINEL_DATA_DIR": str(work / "server"),
                     "SENTINEL_MAX_MIGRATIONS_PER_HOUR": "1000", "SENTINEL_BREAKER_MIN_ACCELERATORS": "1000",
                     "SENTINEL_RESTART_STORM_RESTARTS": "1000", "SENTINEL_RESTART_STORM_WITHOUT_PROGRESS": "1000",
                     "SENTINEL_LOG_LEVEL": "WARNING", "PYTHONPATH": str(REPO)}
@@ -268,7 +270,7 @@ def shown(values: list[float] | None) -> str:
 
 def verdict(kind: str, spacing: float, mine: float, base: float | None) -> str:
     if kind == "hang":
-        return f"< 15 s: {'met' if mine < 15.0 else 'MISSED'}"
+        return f"< 2 s: {'met' if mine < 2.0 else 'MISSED'}"
     limit = 0.1 if spacing >= 10 else 0.25
     if base is None:
         return f"≤ {limit:g}× torchrun: not measured"
