@@ -91,6 +91,8 @@ class FleetCollector(Collector):
                                   value=ingest.duplicates_total)
         yield _counter("sentinel_ingest_rejected", "Reports refused, by reason", ["reason"],
                        dict(ingest.rejected_total))
+        yield _counter("sentinel_ingest_dropped", "Parts of accepted reports not taken, by reason (task_elsewhere: "
+                       "telemetry for a rank placed on other nodes)", ["reason"], dict(ingest.dropped_total))
 
 
 JOB_LABELS = ["job", "kind"]

@@ -61,7 +61,12 @@ class Ingest:
         self.accepted_total = 0
         self.duplicates_total = 0
         self.rejected_total: dict[str, int] = {}
+        self.dropped_total: dict[str, int] = {}  # parts of accepted reports not taken, by reason
         self._count_lock = threading.Lock()
+
+    def drop(self, reason: str, n: int = 1) -> None:
+        with self._count_lock:
+            self.dropped_total[reason] = self.dropped_total.get(reason, 0) + n
 
     def reject(self, reason: str, status: int, message: str) -> IngestError:
         with self._count_lock:

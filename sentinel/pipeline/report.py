@@ -82,8 +82,13 @@ class ReportPipeline:
     def update_views(self, live: NodeLive, report: NodeReport, exits: list[ClosedTask]) -> None:
         """Stage 2: the job views learn the tasks' telemetry and exits; an exit re-reads the assignments."""
         jobs = self.live.jobs
-        if report.tasks:
-            jobs.add(live.name, report.tasks, self.clock.time())
+        tasks = [t for t in report.tasks if not self.live.assignments.elsewhere(live.id, t.job_id, t.rank)]
+        if len(tasks) < len(report.tasks):  # an agent cannot vouch for a rank the server placed on another node
+            self.ingest.drop("task_elsewhere", len(report.tasks) - len(tasks))
+            log.warning("task telemetry dropped: node=%s seq=%d tasks=%s: placed on other nodes", live.name,
+                        report.seq, " ".join(f"job{t.job_id}/rank{t.rank}" for t in report.tasks if t not in tasks))
+        if tasks:
+            jobs.add(live.name, tasks, self.clock.time())
         for closed in exits:
             jobs.mark_ended(closed.job_id, closed.rank, closed.pid, reason=closed.failure_reason or "",
                             at=self.clock.time())

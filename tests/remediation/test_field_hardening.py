@@ -11,7 +11,7 @@ from fastapi.testclient import TestClient
 
 from tests.conftest import FakeClock, bearer
 from tests.factories import report
-from tests.remediation.conftest import health, settle, xid
+from tests.remediation.conftest import health, rt, settle, xid
 
 
 def post(client: TestClient, fleet: dict[str, Any], node: str, **fields: Any) -> None:
@@ -154,3 +154,22 @@ def test_an_event_older_than_the_breaker_window_is_not_acted_on(client, fleet, a
     assert incident["severity"] == "critical"
     assert "not acted on automatically" in actions(client, admin_token, incident["id"])
     assert set(health(client, admin_token).values()) == {"healthy"} and orders(client, fleet) == []
+
+
+# -- telemetry for a rank comes from the node it runs on ----------------------------------------------------
+
+def test_task_telemetry_from_another_node_than_the_ranks_is_dropped_and_counted(client, fleet, clock):
+    home = fleet["placement"][0]["node"]
+    other = "node-b" if home == "node-a" else "node-a"
+
+    def telemetry(tokens: int) -> list[dict[str, Any]]:
+        return [{"job_id": fleet["job"], "rank": 0, "pid": 1000, "steps": 10, "last_step": 10, "tokens": tokens,
+                 "step_seconds": [0.1] * 10, "busy_seconds": 1.0}]
+
+    post(client, fleet, other, tasks=telemetry(10**9))  # a process on the wrong node claiming rank 0
+    stats = rt(client).live.jobs.find(fleet["job"])
+    assert stats is None or 0 not in stats.ranks, "nothing of it reached the job's view"
+    assert "sentinel_ingest_dropped_total{reason=\"task_elsewhere\"} 1.0" in client.get("/metrics").text
+    post(client, fleet, home, tasks=telemetry(4096))  # the rank itself, from its node
+    stats = rt(client).live.jobs.find(fleet["job"])
+    assert stats is not None and stats.ranks[0].node == home
