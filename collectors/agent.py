@@ -21,7 +21,7 @@ from collectors.endpoint import serve
 from collectors.jobs import ExitWatcher, TaskRelay
 from collectors.metrics import AgentCollector, AgentSnapshot
 from collectors.push import Pusher
-from collectors.recent import RecentFaults
+from collectors.recent import RecentFaults, health_of
 from collectors.sdk_gate import SdkGate, Sender
 from collectors.sim import SimCollector
 from collectors.spool import SeqCounter, Spool
@@ -232,7 +232,7 @@ class Agent:
             return AgentSnapshot(
                 node=self.config.node, accelerators=[i for s in self.sources for i in s.accelerators()],
                 samples=dict(self.latest), sources_up=dict(self.sources_up), recent=recent,
-                health={uuid: self.recent.health(uuid, time.time()) for uuid in recent},
+                health={uuid: health_of(faults) for uuid, faults in recent.items()},
                 counters={"reports_sent_total": self.pusher.sent_total,
                           "sdk_batches_refused_total": self.sdk_gate.refused_total,
                           "events_folded_total": self.folder.folded_total,

@@ -52,7 +52,12 @@ class RecentFaults:
                     for uuid, faults in self._seen.items()}
 
     def health(self, uuid: str, now: float) -> str:
-        recent = [label for label, on in self.snapshot(now).get(uuid, {}).items() if on]
-        if any(kind == "offline" for kind, _ in recent):
-            return "offline"
-        return "degraded" if recent else "healthy"
+        return health_of(self.snapshot(now).get(uuid, {}))
+
+
+def health_of(faults: dict[Label, bool]) -> str:
+    """An accelerator's health from its faults' recency (one entry of `RecentFaults.snapshot`)."""
+    recent = [kind for (kind, _), on in faults.items() if on]
+    if "offline" in recent:
+        return "offline"
+    return "degraded" if recent else "healthy"
