@@ -1,6 +1,7 @@
 """Checkpoint benchmark: the SDK's CheckpointManager against torch.save, torch.distributed.checkpoint and dd.
 
     PYTHONPATH=. python benchmarks/checkpoint.py [--gib 1] [--scenario-gib 0.25] [--repeats 3] [--dir DIR]
+        [--no-record | --record PATH]
 
 One process, CPU torch tensors, every baseline measured in the same run: each contender runs once per round,
 the order rotated every round; medians are reported (the machine is noisy). The state is a model plus
@@ -36,6 +37,11 @@ dirty pages. The page cache is never dropped: writes without fsync end in it; re
 On a VM, touching memory that was not freed just before can cost host page faults: fresh buffers (first
 saves) and writes that grow the page cache (the warm full save keeps its previous pack, as keep_last does)
 are slower there than rewrites into just-freed pages.
+
+Recorded (unless `--no-record`) into benchmarks/measured.json (or `--record PATH`), merged with the other
+benchmarks' figures, per GiB of the state measured: `sentinel_checkpoint_stall_seconds_per_gib` and
+`torch_save_seconds_per_gib` (5., all threads computing: seconds added per save), `sentinel_restore_seconds_per_gib`
+and `torch_load_seconds_per_gib` (4.) — each with its range over rounds, the command and the conditions.
 """
 
 from __future__ import annotations
@@ -59,7 +65,7 @@ from typing import Any
 
 import torch
 import torch.distributed.checkpoint as dcp
-from support import say
+from support import add_record_arguments, command_line, figure, load, machine, record_figures, report_recorded, say
 from torch import nn
 
 from sentinel.sdk import chunks
@@ -255,11 +261,13 @@ def scenarios(work: Path, size: int) -> dict[str, tuple[SaveResult, float, float
     return out
 
 
-def training_loop(work: Path, nbytes: int, steps: int, every: int, repeats: int) -> dict[str, float]:
+def training_loop(work: Path, nbytes: int, steps: int, every: int,
+                  repeats: int) -> tuple[dict[str, float], dict[str, list[float]]]:
     """Seconds each save adds to a real loop (forward, backward, Adam on a Linear stack), per save: the
     loop's time with saves every `every` steps minus its time without, over the saves. This counts what
     the background writer takes from the loop's CPUs too. Modes: no checkpoint; torch.save; save()
-    (blocking snapshot); save() after guard(optimizer) (snapshot overlapped with the next forward/backward)."""
+    (blocking snapshot); save() after guard(optimizer) (snapshot overlapped with the next forward/backward).
+    Also, per mode, the same per round (that round's loop with saves minus its loop without): the spread."""
     d = 2048
     torch.manual_seed(0)
     model = nn.Sequential(*[nn.Linear(d, d) for _ in range(max(1, round(nbytes / (3 * 4 * (d * d + d)))))])
@@ -294,10 +302,13 @@ def training_loop(work: Path, nbytes: int, steps: int, every: int, repeats: int)
     modes: dict[str, Callable[[], float]] = {
         "no checkpoint": lambda: run(None), "torch.save": lambda: run(lambda _: torch.save(state(), work / "l.pt")),
         "save()": lambda: sentinel(False), "save() + guard()": lambda: sentinel(True)}
-    times = {name: statistics.median(values) for name, values in rounds(modes, repeats).items()}
+    measured = rounds(modes, repeats)
+    times = {name: statistics.median(values) for name, values in measured.items()}
     saves = steps // every
+    per_round = {name: [(t - none) / saves for t, none in zip(values, measured["no checkpoint"], strict=True)]
+                 for name, values in measured.items() if name != "no checkpoint"}
     return {name: (t - times["no checkpoint"]) / saves for name, t in times.items() if name != "no checkpoint"} | {
-        "step": times["no checkpoint"] / steps, "size": float(sum(t.numel() * 4 for t in tensors(state())))}
+        "step": times["no checkpoint"] / steps, "size": float(sum(t.numel() * 4 for t in tensors(state())))}, per_round
 
 
 def verdict(ratio: float, target: str) -> str:
@@ -311,6 +322,33 @@ def secs(values: list[float]) -> str:
     return ", ".join(f"{v:.3f}" for v in values) + " s"
 
 
+def record(args: argparse.Namespace, loop: dict[str, float], per_round: dict[str, list[float]],
+           loads: dict[str, list[float]], size: int, threads: int, started_load: str) -> None:
+    """Per GiB of state, for the fault-schedule simulator: the in-loop cost of a save with guard() and of
+    torch.save in the same loop (all threads computing; the printed difference of medians, the range over
+    rounds), and a verified restore() against torch.load of the `--gib` state."""
+    loop_gib, gib = loop["size"] / GIB, size / GIB
+    common = (f"{machine()}, torch {torch.__version__} on CPU tensors, load average {started_load} at the start and "
+              f"{load()} at the end (another engineer's tests sharing the machine), medians of {args.repeats} "
+              "rotated rounds, Sentinel's local tier (LocalDirStore, no fsync), page cache not dropped")
+    in_loop = (f"{common}; seconds a save adds to a forward/backward/Adam loop on a Linear 2048×2048 stack of "
+               f"{loop_gib:.3f} GiB model + Adam state, a save every 3 of {args.loop_steps} steps, all {threads} "
+               "torch threads computing (the writer shares the loop's cores), divided by that state's GiB.")
+    restore = (f"{common}; restore() of the last full save of a {gib:.3f} GiB model + Adam-like state (2048×2048 "
+               "float32 layers), every chunk's digest verified, against torch.load(weights_only=True) of "
+               "torch.save's file, divided by that state's GiB.")
+    figures = {
+        "sentinel_checkpoint_stall_seconds_per_gib": figure(
+            [v / loop_gib for v in per_round["save() + guard()"]], "s/GiB", loop["save() + guard()"] / loop_gib,
+            conditions=in_loop),
+        "torch_save_seconds_per_gib": figure([v / loop_gib for v in per_round["torch.save"]], "s/GiB",
+                                             loop["torch.save"] / loop_gib, conditions=in_loop),
+        "sentinel_restore_seconds_per_gib": figure([v / gib for v in loads["restore"]], "s/GiB", conditions=restore),
+        "torch_load_seconds_per_gib": figure([v / gib for v in loads["torch.load"]], "s/GiB", conditions=restore)}
+    record_figures(figures, source=command_line(), conditions=in_loop, path=args.record)
+    report_recorded(args.record, figures)
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--gib", type=float, default=1.0, help="state size for stall, throughput and restore")
@@ -319,17 +357,19 @@ def main() -> int:
     parser.add_argument("--dir", type=Path, default=None, help="where to write (default: a temp dir under /tmp)")
     parser.add_argument("--loop-gib", type=float, default=0.5, help="model + Adam state of the training-loop run")
     parser.add_argument("--loop-steps", type=int, default=12, help="steps per training-loop run (a save every 3)")
+    add_record_arguments(parser)
     args = parser.parse_args()
     warnings.filterwarnings("ignore", message=".*torch.distributed is disabled.*")
     if args.dir is not None:
         args.dir.mkdir(parents=True, exist_ok=True)
     work = Path(tempfile.mkdtemp(prefix="sentinel-checkpoint-bench-", dir=args.dir))
     r = args.repeats
+    started_load = load()
     try:
         state = make_state(int(args.gib * GIB))
         size = sum(t.numel() * t.element_size() for t in tensors(state))
         say(f"state: {len(tensors(state))} tensors, {size / GIB:.3f} GiB; torch {torch.__version__}, "
-            f"{torch.get_num_threads()} threads, {os.cpu_count()} CPUs; writing under {work}")
+            f"{torch.get_num_threads()} threads, {os.cpu_count()} CPUs, load {started_load}; writing under {work}")
         firsts: list[tuple[float, SaveResult]] = []
         writes = rounds(write_contenders(state, work, firsts), r)
         for name, values in writes.items():
@@ -364,13 +404,17 @@ def main() -> int:
                 f"torch.load {loaded:.3f} s")
 
         loops: dict[int, dict[str, float]] = {}
+        loop_rounds: dict[int, dict[str, list[float]]] = {}
         threads = torch.get_num_threads()
         for n in sorted({threads, max(1, threads - 1)}, reverse=True):
             torch.set_num_threads(n)  # fewer compute threads: the writer gets a core, as on a GPU node's host
-            loop = loops[n] = training_loop(work, int(args.loop_gib * GIB), args.loop_steps, 3, r)
+            loops[n], loop_rounds[n] = training_loop(work, int(args.loop_gib * GIB), args.loop_steps, 3, r)
+            loop = loops[n]
             say(f"  training loop, {n} compute thread(s) ({loop['size'] / GIB:.3f} GiB of model + Adam state, "
                 f"{loop['step']:.3f} s a step without checkpoints): seconds added per save: " + ", ".join(
-                    f"{name} {loop[name]:.3f}" for name in ("torch.save", "save()", "save() + guard()")))
+                    f"{name} {loop[name]:.3f}" for name in ("torch.save", "save()", "save() + guard()"))
+                + "; per round: " + "; ".join(f"{name} {secs(loop_rounds[n][name])}"
+                                              for name in ("torch.save", "save()", "save() + guard()")))
         torch.set_num_threads(threads)
 
         med = {name: statistics.median(values) for name, values in {**writes, **loads}.items()}
@@ -404,6 +448,10 @@ def main() -> int:
             say(f"{metric:40} {mine:9.3f}  {name:23} {theirs:8.3f} {ratio:7.3f}×  {target:7} {verdict(ratio, target)}")
         say(f"(state {size / GIB:.3f} GiB; scenarios {scen_size / GIB:.3f} GiB each; medians of {r} rotated rounds; "
             "GB = 1e9 bytes; Sentinel's local tier does not fsync; page cache not dropped)")
+        if args.record is not None:
+            record(args, loops[threads], loop_rounds[threads], loads, size, threads, started_load)
+        else:
+            report_recorded(None, {})
         return 0
     finally:
         shutil.rmtree(work, ignore_errors=True)

@@ -1,6 +1,7 @@
 """Recovery benchmark: fault → the job stepping again, Sentinel against plain torchrun, in the same run.
 
     PYTHONPATH=. python benchmarks/recovery.py [--rounds 3] [--spacing 10 --spacing 0] [--faults crash,xid,hang]
+        [--no-record | --record PATH]
 
 The job is `sentinel/demo/job.py` (`python -m sentinel.demo.job`): 2-rank DDP over gloo on CPU, the store
 prefixed per attempt (the restart fix ENVIRONMENT.md describes), appending "rank attempt step wall_time" to
@@ -29,7 +30,13 @@ Also measured: what idle warm standbys cost (CPU of the zygote and its waiting s
 
 Targets: crash and XID ≤ 0.1× torchrun's crash at faults 10 s apart, ≤ 0.25× back to back; hang < 2 s
 (issue 19; the data's freshness, 2.25 s at these intervals, keeps it above that today).
-Medians and ranges over `--rounds`.
+Medians and ranges over `--rounds`. For XID and hang, also the detection: from the fault to the server opening
+its incident (the `hardware`, resp. `hang`, detector's, on the victim's node), and the rest of the recovery.
+
+Recorded (unless `--no-record`) into benchmarks/measured.json (or `--record PATH`), merged with the other
+benchmarks' figures, from the 10 s series (else the widest spacing run): `sentinel_{crash,xid,hang}_recovery_
+seconds`, `sentinel_{xid,hang}_detection_seconds`, `torchrun_{crash,hang}_recovery_seconds` — each a median
+with its range, the command and the conditions (machine, load, intervals, torchrun's collective timeout).
 """
 
 from __future__ import annotations
@@ -45,11 +52,31 @@ import subprocess
 import sys
 import tempfile
 import time
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 import psutil
-from support import HOST, REPO, BenchError, Processes, api, free_port, http_call, ready, say, tail, wait
+from support import (
+    HOST,
+    REPO,
+    BenchError,
+    Processes,
+    add_record_arguments,
+    api,
+    command_line,
+    figure,
+    free_port,
+    http_call,
+    load,
+    machine,
+    ready,
+    record_figures,
+    report_recorded,
+    say,
+    tail,
+    wait,
+)
 
 JOB = ["-m", "sentinel.demo.job"]
 
@@ -91,6 +118,7 @@ def steady(log: Path, attempt: int, count: int = 20) -> bool:
 
 Series = dict[str, dict[str, list[float]]]  # spacing → fault → seconds from the fault to stepping again
 MIN_SPACING_SECONDS = 2.0  # the restarted ranks' pids reach their agents with the next report's answer
+DETECTORS = {"xid": "hardware", "hang": "hang"}  # fault → the detector whose incident marks it detected
 
 
 def plan(args: argparse.Namespace, kinds: tuple[str, ...]) -> list[tuple[float, str]]:
@@ -167,6 +195,22 @@ class SentinelWorld:
                  {"accelerator_index": int(uuid.rsplit("-", 1)[1]), "fault": kind,
                   "argument": 79 if kind == "xid" else None})
 
+    def detected(self, victim: dict[str, Any], kind: str, start: float) -> float | None:
+        """Seconds from the fault to the server opening its incident (the `DETECTORS` one on the victim's node,
+        opened after `start`); None when no new incident was opened (e.g. an older one still active was only
+        updated) or the fault has no detector here (crash)."""
+        detector = DETECTORS.get(kind)
+        if detector is None:
+            return None
+        deadline = time.monotonic() + 5
+        while True:
+            rows = self.api("GET", f"/api/v1/incidents?state=all&detector={detector}&node={victim['node']}"
+                                   "&limit=50")["incidents"]
+            opened = [stamp for stamp in (at(row["opened_at"]) for row in rows) if stamp >= start]
+            if opened or time.monotonic() > deadline:
+                return min(opened) - start if opened else None
+            time.sleep(0.1)
+
     def give_back(self, victim: dict[str, Any]) -> None:
         """Capacity back for the next fault: the fault cleared, accelerators released, nodes uncordoned."""
         uuid = str(victim["accelerators"][0])
@@ -198,10 +242,18 @@ class SentinelWorld:
                 "per_standby_core_ratio": sum(used[1:]) / max(1, len(standbys)) / elapsed}
 
 
+def at(stamp: str) -> float:
+    """An API date-time as a Unix time (naive ones are UTC, as the server stores them)."""
+    parsed = datetime.fromisoformat(stamp)
+    return (parsed if parsed.tzinfo else parsed.replace(tzinfo=UTC)).timestamp()
+
+
 def sentinel_runs(args: argparse.Namespace, procs: Processes, work: Path) -> tuple[Series, dict[str, Any]]:
     world = SentinelWorld(procs, work)
     extra: dict[str, Any] = {"idle": world.idle_cost(args.idle_seconds)}
     results: Series = {}
+    detection: Series = {}  # spacing → fault → seconds from the fault to its incident (xid, hang)
+    missed: dict[str, int] = {}  # fault → rounds whose incident was not newly opened
     faults = plan(args, ("crash", "hang", "xid"))
     for n, (spacing, kind) in enumerate(faults, 1):
         attempt = current_attempt(world.log)
@@ -212,13 +264,19 @@ def sentinel_runs(args: argparse.Namespace, procs: Processes, work: Path) -> tup
         stepped = wait(f"the job stepping again after {kind}", lambda a=attempt: first_step_after(world.log, a), 120,
                        procs, world.watched)
         results.setdefault(f"{spacing:g}", {}).setdefault(kind, []).append(stepped - start)
+        seen = world.detected(victim, kind, start)
+        if seen is not None:
+            detection.setdefault(f"{spacing:g}", {}).setdefault(kind, []).append(seen)
+        elif kind in DETECTORS:
+            missed[kind] = missed.get(kind, 0) + 1
         say(f"  sentinel {n}/{len(faults)}: spacing {spacing:g}s {kind:5} → stepping again after "
-            f"{stepped - start:6.2f}s")
+            f"{stepped - start:6.2f}s" + (f" (incident opened after {seen:.2f}s)" if seen is not None else ""))
         if kind != "crash":
             world.give_back(victim)
     labels = [line.split("started (", 1)[1].split(", port")[0]
               for line in (work / "launch.log").read_text().splitlines() if "started (" in line]
     extra["attempt_labels"] = {label: labels[1:].count(label) for label in sorted(set(labels[1:]))}
+    extra["detection"], extra["detection_missed"] = detection, missed
     return results, extra
 
 
@@ -295,12 +353,68 @@ def report(args: argparse.Namespace, ours: Series, theirs: Series, extra: dict[s
             against = shown(base_values) + (" (crash)" if kind == "xid" and base_values else "")
             say(f"{key + ' s':>8} {kind:6} {shown(mine_values):>26} {against:>26} {ratio}   "
                 f"{verdict(kind, spacing, mine, base)}")
+    for spacing in args.spacing:
+        for kind, values in extra["detection"].get(f"{spacing:g}", {}).items():
+            say(f"{spacing:g} s {kind}: fault → incident opened (detection) {shown(values)}; the rest of its "
+                f"recovery, fault → stepping again minus that, {shown(restart(ours, extra, f'{spacing:g}', kind))}")
+    if extra["detection_missed"]:
+        say(f"faults whose incident was not newly opened (not in the detection figures): "
+            f"{json.dumps(extra['detection_missed'])}")
     idle = extra["idle"]
     say(f"idle warm standbys over {args.idle_seconds:g}s: {idle['standbys']} standby(s) at "
         f"{100 * idle['per_standby_core_ratio']:.2f}% of a core each, the zygote at "
         f"{100 * idle['zygote_core_ratio']:.2f}%")
     say(f"attempts as the launcher labelled them (after attempt 0): {json.dumps(extra['attempt_labels'])}")
     say(f"(rounds {args.rounds}; every value: Sentinel {json.dumps(ours)}, torchrun {json.dumps(theirs)})")
+
+
+def restart(ours: Series, extra: dict[str, Any], key: str, kind: str) -> list[float]:
+    """Per round, fault → stepping again minus fault → incident: what follows detection (rounds in step)."""
+    rounds = ours.get(key, {}).get(kind, [])
+    seen = extra["detection"].get(key, {}).get(kind, [])
+    return [r - d for r, d in zip(rounds, seen, strict=True)] if len(seen) == len(rounds) else []
+
+
+def record(args: argparse.Namespace, ours: Series, theirs: Series, extra: dict[str, Any], started_load: str) -> None:
+    """Fault → stepping again at faults 10 s apart (else the widest spacing run), for the fault-schedule
+    simulator: Sentinel's per fault kind with warm standbys, and its detection (fault → incident) for XID
+    and hang; torchrun's crash (a cold restart once its monitor sees the exit) and hang."""
+    key = "10" if "10" in ours else f"{max(args.spacing):g}"
+    common = (f"{machine()}, load average {started_load} at the start and {load()} at the end (another engineer's "
+              f"tests sharing the machine); the 2-rank DDP demo job over gloo on CPU, faults on rank 1 {key} s "
+              f"after the job stepped again (and ≥ 10 steps, ≥ 2 s), medians of {args.rounds} rounds")
+    sentinel = (f"{common}; Sentinel server (SQLite) and two sim:2 agents at --interval 1 on loopback, "
+                "`sentinel launch --nproc 2` with warm standbys, safety limits (breaker, migration cap, restart "
+                "storm) lifted")
+    figures: dict[str, dict[str, Any]] = {}
+    for kind in ("crash", "xid", "hang"):
+        if ours.get(key, {}).get(kind):
+            figures[f"sentinel_{kind}_recovery_seconds"] = figure(ours[key][kind], conditions=sentinel + ".")
+    for kind in ("xid", "hang"):
+        seen = extra["detection"].get(key, {}).get(kind)
+        if seen:
+            figures[f"sentinel_{kind}_detection_seconds"] = figure(seen, conditions=(
+                f"{sentinel}; from the fault's injection to the server opening its {DETECTORS[kind]} incident "
+                f"(clocks of one machine), {len(seen)} of {len(ours[key][kind])} rounds opened a new one"
+                + ("; the XID injected through the server's inject API (the agent long-polls it into the sim "
+                   "accelerator), its event pushed at once (no driver or NVML latency in it)"
+                   if kind == "xid" else "") + "."))
+    torchrun = (f"{common}; `torchrun --standalone --nproc-per-node 2 --monitor-interval 0.1 --max-restarts N` "
+                "with a per-attempt store prefix")
+    if theirs.get(key, {}).get("crash"):
+        figures["torchrun_crash_recovery_seconds"] = figure(theirs[key]["crash"], conditions=(
+            f"{torchrun}; SIGKILL of rank 1, the whole job restarted cold (new processes, imports, gloo "
+            "rendezvous)."))
+    if theirs.get(key, {}).get("hang"):
+        figures["torchrun_hang_recovery_seconds"] = figure(theirs[key]["hang"], conditions=(
+            f"{torchrun}; SIGSTOP of rank 1, noticed only when the surviving rank's gloo collective timeout "
+            f"({args.collective_timeout:g} s, --collective-timeout; PyTorch's default is 30 min) expires, then a "
+            "cold restart."))
+    if not figures:
+        say("no figures to record")
+        return
+    record_figures(figures, source=command_line(), conditions=sentinel + ".", path=args.record)
+    report_recorded(args.record, figures)
 
 
 def main() -> int:
@@ -315,11 +429,13 @@ def main() -> int:
     parser.add_argument("--skip-torchrun", action="store_true")
     parser.add_argument("--collective-timeout", type=float, default=30.0,
                         help="gloo timeout of the job, the time torchrun needs to notice a hang")
+    add_record_arguments(parser)
     args = parser.parse_args()
     args.spacing = args.spacing or [10.0, 0.0]
     args.faults = [f for f in args.faults.split(",") if f]
     procs = Processes()
     work = Path(tempfile.mkdtemp(prefix="sentinel-recovery-"))
+    started_load = load()
     try:
         say(f"Sentinel: server, two agents with sim:2, `sentinel launch --nproc 2` (warm standbys); "
             f"spacing {args.spacing}, faults {args.faults}, {os.cpu_count()} CPUs, load {os.getloadavg()[0]:.2f}")
@@ -329,6 +445,10 @@ def main() -> int:
         say(f"torchrun --max-restarts (per-attempt store), gloo timeout {args.collective_timeout:g}s")
         theirs = {} if args.skip_torchrun else torchrun_runs(args, procs, work)
         report(args, ours, theirs, extra)
+        if args.record is not None:
+            record(args, ours, theirs, extra, started_load)
+        else:
+            report_recorded(None, {})
         return 0
     except BenchError as exc:
         say(f"benchmark failed: {exc}")
