@@ -11,6 +11,7 @@ from collections.abc import Callable
 from typing import Any
 
 from sentinel.console import table
+from sentinel.simulate import tracecli
 from sentinel.simulate.runner import Options, Simulator
 from sentinel.simulate.wire import HttpError
 
@@ -44,6 +45,9 @@ def lost_reports(summary: dict[str, Any]) -> int:
 def cmd_simulate(args: argparse.Namespace) -> int:
     from sentinel.client import DEFAULT_SERVER, resolve_token
 
+    if args.trace is not None:
+        return tracecli.cmd_trace(args)
+    args.nodes = 100 if args.nodes is None else args.nodes
     if not (args.nodes >= 1 and 1 <= args.accelerators <= 64 and args.interval > 0 and args.duration > 0
             and args.connections >= 1 and args.faults_per_hour >= 0):
         print("error: need --nodes >= 1, 1 <= --accelerators <= 64, --interval > 0, --duration > 0, "
@@ -80,9 +84,11 @@ def cmd_simulate(args: argparse.Namespace) -> int:
 
 def add_parser(sub: Any, remote: Callable[[argparse.ArgumentParser], None]) -> None:
     """Register `sentinel simulate`."""
-    p = sub.add_parser("simulate", help="drive a synthetic fleet against a running server")
+    p = sub.add_parser("simulate", help="drive a synthetic fleet against a running server, or (--trace) replay a "
+                                        "fault trace under the recovery policies")
     remote(p)
-    p.add_argument("--nodes", type=int, default=100, help="simulated nodes (default 100)")
+    p.add_argument("--nodes", type=int, default=None,
+                   help="simulated nodes (default 100; with --trace: the modelled cluster, default 400)")
     p.add_argument("--accelerators", type=int, default=8, help="accelerators per node (default 8)")
     p.add_argument("--interval", type=float, default=10.0, help="seconds between a node's reports (default 10)")
     p.add_argument("--duration", type=float, default=60.0, help="seconds to send reports for (default 60)")
@@ -98,5 +104,7 @@ def add_parser(sub: Any, remote: Callable[[argparse.ArgumentParser], None]) -> N
     p.add_argument("--no-agent-token", action="store_true",
                    help="send with --token as it is (default: with an admin token, mint an agent token bound to "
                         "PREFIX* with a rate limit of 2·N/S requests/s)")
-    p.add_argument("--json", default=None, help="also write the summary to this file")
+    p.add_argument("--json", default=None, help="also write the summary to this file ('-': standard output, "
+                   "with --trace)")
+    tracecli.add_arguments(p)
     p.set_defaults(fn=cmd_simulate)
