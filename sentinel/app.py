@@ -30,6 +30,7 @@ from sentinel.incidents.api import router as incidents_router
 from sentinel.jobs.api import router as jobs_router
 from sentinel.metrics import Sources, build_registry
 from sentinel.nodes.api import router as nodes_router
+from sentinel.policy.api import router as policy_router
 from sentinel.remediation.api import router as remediation_router
 from sentinel.runtime import Runtime
 from sentinel.scheduler import build_scheduler
@@ -79,7 +80,8 @@ def create_app(settings: Settings, clock: Clock | None = None, *, migrate: bool 
     app.add_middleware(StandbyGuard, runtime=runtime)
     api = APIRouter(prefix="/api/v1")
     for router in (nodes_router, accelerators_router, fleet_router, jobs_router, events_router, audit_router,
-                   tokens_router, incidents_router, alerting_router, remediation_router, checkpoints_router):
+                   tokens_router, incidents_router, alerting_router, remediation_router, checkpoints_router,
+                   policy_router):
         api.include_router(router)
     app.include_router(api)
     app.include_router(ui_router)  # the status page: /ui

@@ -19,6 +19,7 @@ from sentinel.config import load_settings
 from sentinel.console import human_bytes, table
 from sentinel.grafana import cli as grafana_cli
 from sentinel.incidents import cli as incidents_cli
+from sentinel.policy import cli as policy_cli
 from sentinel.simulate import cli as simulate
 
 LOG_FORMAT = "%(asctime)s %(levelname)-7s %(name)s: %(message)s"
@@ -229,6 +230,7 @@ def build_parser() -> argparse.ArgumentParser:
     _collector_parser(sub)
     _read_parsers(sub)
     incidents_cli.add_parsers(sub, _remote)
+    policy_cli.add_parsers(sub, _remote)  # policy decisions|shadow
     grafana_cli.add_parser(sub, _remote)
     simulate.add_parser(sub, _remote)
     _launch_parser(sub)

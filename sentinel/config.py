@@ -48,6 +48,11 @@ class ReceiverConfig(BaseModel):
         return self.secret
 
 
+# where the training writes the learned policy's model (sentinel.policy.hazard.DEFAULT_PATH; not imported here:
+# the settings load without numpy)
+LEARNED_POLICY_PATH = Path(__file__).parent / "policy" / "learned.json"
+
+
 def default_data_dir() -> Path:
     """A per-user data directory, following XDG where it is set."""
     base = os.environ.get("XDG_DATA_HOME") or str(Path.home() / ".local" / "share")
@@ -104,7 +109,15 @@ class Settings(BaseSettings):
     remediation_dry_run: bool = False
     executors: list[str] = []  # beyond orders to launchers: "slurm", "kubernetes"
     executor_options: dict[str, dict[str, Any]] = {}
+    # Placement ("best-fit" | "learned") and checkpoint interval ("young-daly" | "learned") policies, or plugins.
+    # A shadow is evaluated beside the active one at each decision and recorded next to it, never acted on
+    # (sentinel/policy/, docs/operator-guide.md "Placement and checkpoint-interval policies, shadow mode").
     placement_policy: str = "best-fit"
+    placement_shadow: str = ""
+    checkpoint_interval_policy: str = "young-daly"
+    checkpoint_interval_shadow: str = ""
+    learned_policy_path: Path = LEARNED_POLICY_PATH  # the learned policy's hazard model (JSON)
+    policy_decision_retention_days: float = Field(default=30.0, gt=0)  # older decisions are pruned hourly
     max_migrations_per_hour: int = Field(default=12, ge=1)
     # A restart storm: a job restarted restart_storm_restarts times within restart_storm_seconds, or
     # max_migrations_per_hour times in the hour, or restart_storm_without_progress times in a row from the

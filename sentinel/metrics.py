@@ -110,7 +110,7 @@ CHECKPOINT_GAUGES = (
     ("write_seconds", "Background write time of a save (median of recent saves, slowest rank)"),
     ("size_bytes", "Size of the newest committed checkpoint, all ranks"),
     ("interval_seconds", "Observed time between committed checkpoints"),
-    ("interval_recommended_seconds", "Young/Daly interval √(2·stall·MTBF) from the live failure rate"),
+    ("interval_recommended_seconds", "Recommended interval: the checkpoint interval policy's (Young/Daly by default)"),
 )
 
 

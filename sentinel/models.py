@@ -10,6 +10,7 @@ from sentinel.events.models import Event
 from sentinel.incidents.models import Incident
 from sentinel.jobs.models import Job, Task
 from sentinel.nodes.models import Node
+from sentinel.policy.models import PolicyDecision
 from sentinel.remediation.models import BreakerState, Order, Remediation
 from sentinel.telemetry.models import ReportReceipt
 
@@ -28,6 +29,7 @@ __all__ = [
            "Node",
            "Notification",
            "Order",
+           "PolicyDecision",
            "Remediation",
            "ReportReceipt",
            "Silence",

@@ -41,6 +41,8 @@ from sentinel.nodes.commands import CommandQueue
 from sentinel.pipeline.ingest import Ingest
 from sentinel.pipeline.report import ReportPipeline
 from sentinel.pipeline.writer import GroupCommitWriter
+from sentinel.policy.scheduled import FLUSH_SECONDS, PRUNE_SECONDS, flush_decisions, prune_decisions
+from sentinel.policy.wiring import LivePolicies, build_policies
 from sentinel.remediation.engine import RemediationEngine
 from sentinel.scheduler import Periodic
 
@@ -62,6 +64,7 @@ class Runtime:
     detection: DetectionEngine
     dispatcher: Dispatcher
     remediation: RemediationEngine
+    policies: LivePolicies
     plugin_errors: dict[str, int] = field(default_factory=dict)
     ready: bool = False
     elector: Elector | None = None
@@ -80,8 +83,10 @@ class Runtime:
         dispatcher = Dispatcher(factory, settings, clock)
         incidents = Incidents(factory, settings, clock, outbox=dispatcher)  # 4 → 5 notify
         commands = CommandQueue()
+        policies = build_policies(settings, errors)  # placement and checkpoint interval, their shadows
         remediation = RemediationEngine(factory=factory, settings=settings, clock=clock, fleet=live.fleet,
-                                        jobs=live.jobs, incidents=incidents, commands=commands)
+                                        jobs=live.jobs, incidents=incidents, commands=commands,
+                                        placement=policies.placement, interval_policy=policies.interval)
         incidents.listeners.append(remediation.on_incident)  # 4 → 5 remediate
         ctx = DetectionContext(settings=settings, clock=clock, fleet=live.fleet, samples=live.samples, jobs=live.jobs,
                                catalog=FaultCatalog.load(settings.fault_catalog_file), history=live.faults,
@@ -92,7 +97,8 @@ class Runtime:
                                   commands=commands, clock=clock, errors=errors)  # 1 → 2 → 3
         runtime = cls(settings=settings, clock=clock, engine=engine, factory=factory, live=live, ingest=ingest,
                       pipeline=pipeline, tokens=TokenCache(factory), commands=commands, incidents=incidents,
-                      detection=detection, dispatcher=dispatcher, remediation=remediation, plugin_errors=errors)
+                      detection=detection, dispatcher=dispatcher, remediation=remediation, policies=policies,
+                      plugin_errors=errors)
         runtime.on_lost_lead = runtime._exit_on_lost_lead
         return runtime
 
@@ -202,6 +208,9 @@ class Runtime:
             Periodic("liveness_flush", s.liveness_flush_seconds, lambda: flush_liveness(self.factory, self.fleet)),
             Periodic("receipt_prune", 300.0,
                      lambda: prune_receipts(self.factory, self.clock, s.receipt_retention_seconds)),
+            Periodic("policy_decisions", FLUSH_SECONDS, lambda: flush_decisions(self.factory, self.policies.pending)),
+            Periodic("policy_decision_prune", PRUNE_SECONDS,
+                     lambda: prune_decisions(self.factory, self.clock_now(), s.policy_decision_retention_days)),
         ]
 
     def check_liveness(self) -> None:

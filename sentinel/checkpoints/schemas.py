@@ -131,9 +131,10 @@ class CheckpointPolicy(BaseModel):
     bytes_written_total: int
     mtbf_hours: float | None
     failure_basis: str
-    interval_recommended_seconds: float | None  # Young/Daly √(2·C·MTBF)
+    interval_recommended_seconds: float | None  # Young/Daly √(2·C·MTBF), or the configured interval policy's
     interval_recommended_steps: int | None
     interval_observed_seconds: float | None
+    interval_policy: str = "young-daly"  # which checkpoint interval policy recommended it
 
 
 Nodes = list[Name]

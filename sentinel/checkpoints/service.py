@@ -7,8 +7,8 @@ holds what is in them (manifest digests) and where (tier, node, uri), and decide
 from __future__ import annotations
 
 import itertools
-import math
 import statistics
+from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
 
@@ -19,6 +19,7 @@ from sqlalchemy.orm import Session
 
 from sentinel.accelerators.models import Accelerator
 from sentinel.audit.service import record
+from sentinel.checkpoints.interval import CheckpointIntervalPolicy, IntervalAsk, YoungDaly
 from sentinel.checkpoints.models import Checkpoint, CheckpointShard
 from sentinel.checkpoints.schemas import (
     CheckpointDetail,
@@ -335,11 +336,6 @@ def checkpoint_costs(session: Session, job_id: int, *, recent: int = 10) -> Cost
                  interval_seconds=statistics.median(gaps) if gaps else None)
 
 
-def young_daly_seconds(cost_seconds: float, mtbf_seconds: float) -> float:
-    """The checkpoint interval that minimises expected lost time: √(2·C·MTBF) (Young 1974, Daly 2006)."""
-    return math.sqrt(2.0 * max(cost_seconds, 1e-6) * mtbf_seconds)
-
-
 def with_progress(plan: RecoveryPlan, last_step: int | None) -> RecoveryPlan:
     """Add how far the job had got (`last_step`, from its telemetry) and so how many steps resuming from the
     plan recomputes."""
@@ -357,26 +353,29 @@ def fleet_fault_rate_per_hour(session: Session, now: datetime) -> float:
 
 
 def checkpoint_policy(session: Session, job: Job, *, now: datetime, failures_per_hour: float | None,
-                      accelerators: int, step_seconds: float | None,
-                      fleet_rate: float | None = None) -> CheckpointPolicy:
-    """Costs from the catalog and the Young/Daly interval from the live failure rate: the job's own task
-    failures or the fleet's hardware fault rate over its accelerators, whichever is higher."""
+                      accelerators: int, step_seconds: float | None, fleet_rate: float | None = None,
+                      uuids: Sequence[str] = (), interval_policy: CheckpointIntervalPolicy | None = None
+                      ) -> CheckpointPolicy:
+    """Costs from the catalog and the live failure rate (the job's own task failures or the fleet's hardware
+    fault rate over its accelerators, whichever is higher); the interval from `interval_policy` (default
+    Young/Daly on that rate). `uuids` are the job's accelerators, for a policy that looks at its nodes."""
     costs = checkpoint_costs(session, job.id)
     if fleet_rate is None:
         fleet_rate = fleet_fault_rate_per_hour(session, now)
     hardware = fleet_rate * max(1, accelerators)
     rate, basis = max((failures_per_hour or 0.0, "this job's task failures"), (hardware, "the fleet's hardware "
                       f"fault rate × {max(1, accelerators)} accelerator(s)"))
-    interval = steps = None
     mtbf = 1.0 / rate if rate > 0 else None
     if mtbf is None:
         basis = "no failure observed yet, in this job or the fleet"
-    elif costs.stall_seconds is not None:
-        interval = young_daly_seconds(costs.stall_seconds, mtbf * 3600.0)
-        steps = max(1, round(interval / step_seconds)) if step_seconds else None
+    policy = interval_policy or YoungDaly()
+    interval = policy.interval_seconds(session, IntervalAsk(
+        job_id=job.id, stall_seconds=costs.stall_seconds, mtbf_seconds=mtbf * 3600.0 if mtbf is not None else None,
+        accelerators=tuple(uuids), now=now))
+    steps = max(1, round(interval / step_seconds)) if interval is not None and step_seconds else None
     return CheckpointPolicy(last_committed_step=costs.last_step, last_committed_at=costs.last_at,
                             committed=costs.committed, stall_seconds=costs.stall_seconds,
                             write_seconds=costs.write_seconds, bytes_total=costs.bytes_total,
                             bytes_written_total=costs.bytes_written_total, mtbf_hours=mtbf, failure_basis=basis,
                             interval_recommended_seconds=interval, interval_recommended_steps=steps,
-                            interval_observed_seconds=costs.interval_seconds)
+                            interval_observed_seconds=costs.interval_seconds, interval_policy=policy.name)

@@ -105,13 +105,14 @@ def ack_order(order_id: str, sessions: Sessions, clock: ServerClock, incidents: 
 
 
 @router.post("/jobs/{job_id}/placement", response_model=list[PlacementSlot], responses=CONFLICT)
-def place_job(job_id: IdPath, sessions: Sessions, live: Live, remediation: Remediation,
+def place_job(job_id: IdPath, sessions: Sessions, live: Live, remediation: Remediation, clock: ServerClock,
               _: Annotated[Principal, Depends(allow(LAUNCH))],
               body: Annotated[PlacementAsk | None, Body()] = None) -> list[PlacementSlot]:
     """A first placement for every rank from the placement policy: healthy, free, same model, one node
     when it fits. Register the tasks (`POST /jobs/{id}/tasks`) once they run."""
     ask = body or PlacementAsk()
-    with sessions() as session:
+    refused = ""
+    with transaction(sessions) as session:  # commits the policy's decision record (sentinel/policy/shadow.py)
         try:
             job = get_job(session, job_id)
         except JobNotFound as exc:
@@ -120,10 +121,12 @@ def place_job(job_id: IdPath, sessions: Sessions, live: Live, remediation: Remed
             placement = service.first_placement(
                 session, remediation.placement, job, {n.name: n.state for n in live.fleet.all()},
                 accelerators_per_rank=ask.accelerators_per_rank, avoid_nodes=frozenset(ask.avoid_nodes),
-                only_nodes=ask.nodes)
+                only_nodes=ask.nodes, now=to_datetime(clock.time()))
         except NoCapacity as exc:
-            raise HTTPException(409, str(exc)) from exc
+            refused, placement = str(exc), {}
         urls = agent_urls(session, {n for n, _ in placement.values()})
+    if refused:
+        raise HTTPException(409, refused)
     return [PlacementSlot(rank=r, node=n, accelerators=u, agent_url=urls.get(n) or None)
             for r, (n, u) in sorted(placement.items())]
 

@@ -28,6 +28,7 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
 
 from sentinel.accelerators.models import Accelerator
+from sentinel.checkpoints.interval import CheckpointIntervalPolicy, load_interval_policy
 from sentinel.clock import Clock, to_datetime
 from sentinel.config import Settings
 from sentinel.db import transaction
@@ -43,7 +44,7 @@ from sentinel.remediation import orders, policy, service
 from sentinel.remediation.breaker import Breaker
 from sentinel.remediation.executors.base import EXECUTORS, Action, Executor
 from sentinel.remediation.executors.launcher import LauncherExecutor, OrderBoard
-from sentinel.remediation.placement import load_policy
+from sentinel.remediation.placement import PlacementPolicy, load_policy
 from sentinel.remediation.probes import Probes, clear_suspect
 from sentinel.remediation.recovery import Recoveries
 from sentinel.remediation.service import Context, Counts, Ordered, Outcome
@@ -68,19 +69,22 @@ def load_executors(settings: Settings) -> list[Executor]:
 
 class RemediationEngine:
     def __init__(self, *, factory: sessionmaker[Session], settings: Settings, clock: Clock, fleet: Fleet,
-                 jobs: JobTelemetry, incidents: Incidents, commands: CommandQueue | None = None):
+                 jobs: JobTelemetry, incidents: Incidents, commands: CommandQueue | None = None,
+                 placement: PlacementPolicy | None = None, interval_policy: CheckpointIntervalPolicy | None = None):
+        """`placement` and `interval_policy` as the composition root built them (sentinel/policy/wiring.py: the
+        learned policy, a shadow); by default the ones `settings` name, from the registries."""
         self._factory = factory
         self.settings = settings
         self.clock = clock
         self.fleet = fleet
         self.incidents = incidents
         self.breaker = Breaker(settings)
-        self.placement = load_policy(settings.placement_policy)
+        self.placement = placement or load_policy(settings.placement_policy)
         self.board = OrderBoard()
         self.launcher = LauncherExecutor(board=self.board, secret=lambda: settings.order_webhook_secret)
         self.executors = load_executors(settings)
         self.counts = Counts()
-        self.recoveries = Recoveries(jobs)
+        self.recoveries = Recoveries(jobs, interval_policy or load_interval_policy(settings.checkpoint_interval_policy))
         self.probes = Probes(settings, commands)
         # incident ids to act on, and (accelerator, probe value) results
         self._worker: QueueWorker[int | tuple[str, float | None]] = QueueWorker("sentinel-remediation", self._work)

@@ -1,6 +1,7 @@
 """Where ranks go: spare accelerators that are healthy, free, of the same model, with enough memory, on
 nodes that take work; a job's ranks that shared a node (a tensor-parallel group) stay together when
-one node can hold them. The policy is a plugin (`placement_policy`, entry points `sentinel.placement`).
+one node can hold them. The policy is a plugin (`placement_policy`, entry points `sentinel.placement`);
+the learned one, and the shadow that runs beside the active one, are in sentinel/policy/.
 """
 
 from __future__ import annotations
@@ -8,6 +9,7 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from collections import Counter
 from dataclasses import dataclass, field
+from datetime import datetime
 from importlib.metadata import entry_points
 from typing import ClassVar
 
@@ -75,9 +77,18 @@ Placement = dict[int, tuple[str, list[str]]]  # rank → (node, accelerators)
 class PlacementPolicy(ABC):
     name: ClassVar[str] = ""
 
+    def prepare(self, session: Session, now: datetime, *, incident_id: int | None = None) -> PlacementPolicy:
+        """The policy for one decision, given what it may read (the learned one: the nodes' fault history) and
+        the incident it serves; called before `place` in the same transaction. Default: itself, unchanged."""
+        return self
+
     @abstractmethod
     def place(self, request: PlacementRequest, inventory: Inventory) -> Placement:
         """A full placement for every rank of the request (kept ranks unchanged); raises NoCapacity."""
+
+    def explanation(self) -> list[str]:
+        """Lines for the incident's timeline about the last `place`: why these nodes. Default: none."""
+        return []
 
 
 class BestFitSameModel(PlacementPolicy):
@@ -124,20 +135,22 @@ class BestFitSameModel(PlacementPolicy):
         k = request.accelerators_per_rank
         for _home, ranks in sorted(groups.items(), key=lambda kv: -len(kv[1])):
             need = k * len(ranks)
-            fitting = sorted((n for n, slots in by_node.items() if len(slots) >= need),
-                             key=lambda n: (len(by_node[n]), n))
+            fitting = self.order_nodes([n for n, slots in by_node.items() if len(slots) >= need], by_node)
             if fitting:
                 self._take(out, ranks, fitting[0], by_node, k)
                 continue
             for rank in ranks:  # no node holds the whole group: rank by rank
-                single = sorted((n for n, slots in by_node.items() if len(slots) >= k),
-                                key=lambda n: (len(by_node[n]), n))
+                single = self.order_nodes([n for n, slots in by_node.items() if len(slots) >= k], by_node)
                 if not single:
                     have = sum(len(s) for s in by_node.values())
                     raise NoCapacity(f"{len(moving) * k} accelerator(s) of model {model!r} needed for job "
                                      f"{request.job_id}, {have} healthy and free on nodes that take work")
                 self._take(out, [rank], single[0], by_node, k)
         return out
+
+    def order_nodes(self, nodes: list[str], by_node: dict[str, list[Slot]]) -> list[str]:
+        """The nodes that fit, best first: the tightest fit (fewest matching free accelerators), then by name."""
+        return sorted(nodes, key=lambda n: (len(by_node[n]), n))
 
     @staticmethod
     def _take(out: Placement, ranks: list[int], node: str, by_node: dict[str, list[Slot]], k: int) -> None:

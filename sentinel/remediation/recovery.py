@@ -16,6 +16,7 @@ from datetime import datetime
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
+from sentinel.checkpoints.interval import CheckpointIntervalPolicy, YoungDaly
 from sentinel.checkpoints.schemas import CheckpointPolicy
 from sentinel.checkpoints.service import checkpoint_policy
 from sentinel.clock import to_datetime
@@ -50,8 +51,9 @@ class Settled:
 
 
 class Recoveries:
-    def __init__(self, telemetry: JobTelemetry):
+    def __init__(self, telemetry: JobTelemetry, interval_policy: CheckpointIntervalPolicy | None = None):
         self.telemetry = telemetry
+        self.interval_policy = interval_policy or YoungDaly()  # the recommended checkpoint interval
         self.seconds: dict[int, float] = {}  # job → its last recovery, fault observed → stepping again
         self.total: dict[int, float] = {}  # job → all its recoveries, summed (for goodput)
         # job → (attempt ordered and not yet stepping, since when)
@@ -154,7 +156,8 @@ class Recoveries:
         """Metrics and checkpoint policy of `job` (the API's job detail, /metrics, the status page)."""
         placement = current_placement(session, job.id)
         metrics = self.job_metrics(job.id, job.created_at, placement, now)
+        uuids = [u for rank in sorted(placement) for u in placement[rank]]
         policy = checkpoint_policy(session, job, now=to_datetime(now), failures_per_hour=metrics.failures_per_hour,
-                                   accelerators=sum(len(a) for a in placement.values()) or job.world_size,
-                                   step_seconds=metrics.step_seconds_p50, fleet_rate=fleet_rate)
+                                   accelerators=len(uuids) or job.world_size, step_seconds=metrics.step_seconds_p50,
+                                   fleet_rate=fleet_rate, uuids=uuids, interval_policy=self.interval_policy)
         return JobHealth(placement, metrics, policy)

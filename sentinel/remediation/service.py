@@ -142,7 +142,7 @@ def release_accelerator(session: Session, uuid: str, *, reason: str, actor: str)
 
 
 def first_placement(session: Session, placement: PlacementPolicy, job: Job, node_states: dict[str, str], *,
-                    accelerators_per_rank: int, avoid_nodes: frozenset[str], only_nodes: list[str]
+                    accelerators_per_rank: int, avoid_nodes: frozenset[str], only_nodes: list[str], now: datetime
                     ) -> dict[int, tuple[str, list[str]]]:
     """A placement for every rank of a new job from the policy; `only_nodes` (when given) are the nodes it
     may use, e.g. the launcher's own. NoCapacity when none fits."""
@@ -151,7 +151,7 @@ def first_placement(session: Session, placement: PlacementPolicy, job: Job, node
     inventory = Inventory.load(session, job_id=job.id, node_states=node_states)
     request = PlacementRequest(job.id, {r: [] for r in range(job.world_size)}, frozenset(range(job.world_size)),
                                accelerators_per_rank, avoid_nodes)
-    return placement.place(request, inventory)
+    return placement.prepare(session, now).place(request, inventory)
 
 
 # -- take out: quarantine accelerators, drain a node, move the jobs on them --------------------------------
@@ -335,14 +335,17 @@ def move_job(session: Session, ctx: Context, job: Job, bad: set[str], incident_i
     inventory = Inventory.load(session, job_id=job.id, node_states=ctx.node_states())
     replace = policy.ranks_to_replace(current, bad, inventory.free)
     per_rank = max((len(u) for u in current.values()), default=1) or 1
+    placer = ctx.placement.prepare(session, ctx.now, incident_id=incident_id)
     try:
-        placement = ctx.placement.place(PlacementRequest(job.id, current, replace, per_rank), inventory)
+        placement = placer.place(PlacementRequest(job.id, current, replace, per_rank), inventory)
     except NoCapacity as exc:
         record(session, ctx, incident_id, "restart_job", f"job/{job.id}", "failed", str(exc))
         out.lines.append(f"job {job.id} ({job.name}) cannot move: {exc}; free capacity or release a spare")
+        out.lines.extend(placer.explanation())
         out.escalate = True
         return
     _order(session, ctx, job, placement, replace, incident_id, out)
+    out.lines.extend(placer.explanation())  # why these nodes (a learned policy, a shadow beside the active one)
 
 
 def _storm_stops(session: Session, ctx: Context, job: Job, incident_id: int | None, out: Outcome) -> bool:
