@@ -25,6 +25,7 @@ class Scenario:
     spikes_per_week: float = 2.0
     spike_factor: float = 3.0
     spike_minutes: float = 20.0
+    client_timeout_minutes: float = 10.0  # a queued request its client has not abandoned yet (overload, no shedding)
     breaker_share: float = 0.10  # Sentinel's breaker: take-outs per hour as a share of the nodes
     lemon_faults: int = 5  # Sentinel's lemon detector: node faults within the window retire a node
     lemon_window_days: float = 7.0
@@ -58,6 +59,29 @@ def serving_load(start: float, minutes: int, scenario: Scenario, rng: np.random.
         rate[a:b] *= scenario.spike_factor
         spikes.append((start + 60.0 * a, start + 60.0 * b))
     return Load(rate=rate, spikes=spikes)
+
+
+def within_slo(rate: np.ndarray, capacity: np.ndarray, degradation: str, timeout_minutes: float) -> np.ndarray:
+    """Per minute, the requests served within SLO, given the demand and the capacity at SLO (both per minute).
+
+    `shed` (admission control): what is over capacity is refused at once and counts as missed; the rest meet the
+    SLO. `queue` (no admission control, an engine's default): what is over capacity waits, first in first out;
+    while a backlog is left at the end of a minute nothing that minute met its TTFT target, and the backlog
+    drains only as fast as capacity exceeds demand. Clients give up after `timeout_minutes` (the backlog is
+    capped at that many minutes of capacity)."""
+    capacity = np.maximum(capacity, 0.0)
+    if degradation == "shed":
+        return np.minimum(rate, capacity)
+    if degradation != "queue":
+        raise ValueError(f"unknown serving degradation {degradation!r}: shed or queue")
+    out = np.zeros_like(rate)
+    backlog = 0.0
+    for t, (demand, cap) in enumerate(zip(rate.tolist(), capacity.tolist(), strict=True)):
+        if backlog + demand <= cap:
+            out[t], backlog = demand, 0.0
+        else:
+            backlog = min(backlog + demand - cap, cap * timeout_minutes)
+    return out
 
 
 def covered(intervals: list[tuple[float, float, float]], start: float, minutes: int) -> np.ndarray:

@@ -2,10 +2,11 @@
 
 * `none`: no Sentinel. torchrun-style: a fault is noticed when the collective times out, the job restarts
   cold on whatever node the scheduler has (first free by name), a fixed checkpoint interval, no spares,
-  torch.save / torch.load costs; a dead serving replica is noticed by the health check and started cold.
+  torch.save / torch.load costs; a dead serving replica is noticed by the health check and started cold;
+  requests over capacity queue (no admission control).
 * `heuristic`: Sentinel's heuristics. Measured detection + warm-standby restart, a spare pool sized by
   Little's law from the live fault rate, Young/Daly from the live rate, lemon retirement, the breaker,
-  serving failover onto a spare and scale-out onto spares during a spike.
+  serving failover onto a spare, scale-out onto spares during a spike, and shedding what is over capacity.
 * `learned`: the heuristics' machinery with the learned decisions (`sentinel.policy.decide`): nodes ranked
   by the hazard model's risk for placement and replacement, the spare pool from predicted risk, the
   interval from the job's own nodes' predicted rate.
@@ -33,6 +34,7 @@ class Policy:
     name = ""
     sentinel = True  # warm spares, measured detection, serving scale-out
     reviews = False  # moves work off risky nodes before they fail
+    degradation = "shed"  # a serving job over capacity refuses the excess (cluster.within_slo); "queue": it waits
 
     def detect_and_restart_seconds(self, sim: Simulation, kind: str, warm: bool) -> float:
         c = sim.costs
@@ -78,6 +80,7 @@ class Policy:
 class NoSentinel(Policy):
     name = "none"
     sentinel = False
+    degradation = "queue"  # no admission control: the engine's default queue
 
     def detect_and_restart_seconds(self, sim: Simulation, kind: str, warm: bool) -> float:
         return sim.scenario.baseline_timeout_seconds + sim.costs.cold_restart

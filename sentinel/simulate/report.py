@@ -6,7 +6,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from sentinel.simulate.cluster import CAUSES, covered
+from sentinel.simulate.cluster import CAUSES, covered, within_slo
 from sentinel.simulate.trace import DAY
 
 if TYPE_CHECKING:
@@ -28,11 +28,13 @@ def summarise(sim: Simulation) -> dict[str, Any]:
         down = covered(serve.down, sim.start, minutes)
         extra = covered(serve.extra, sim.start, minutes)
         capacity = (serve.replicas - down + extra) * 1.3 / (sim.scenario.serving_peak_utilization * serve.replicas)
-        within = np.minimum(load.rate, np.maximum(capacity, 0.0))
+        within = within_slo(load.rate, capacity, sim.policy.degradation, sim.scenario.client_timeout_minutes)
         served, demanded = served + float(within.sum()), demanded + float(load.rate.sum())
         down_hours += float(down.sum()) / 60.0
         serving.append({"replicas": serve.replicas, "slo_attainment": float(within.sum() / load.rate.sum()),
-                        "failovers": serve.failed_over, "spikes": len(load.spikes)})
+                        "failovers": serve.failed_over, "spikes": len(load.spikes),
+                        "degradation": sim.policy.degradation,
+                        "overloaded_minutes": int(np.count_nonzero(load.rate > capacity))})
     lost["serving_replica_down"] = down_hours * acc
     starts = sum(1 for f in sim.trace.faults if sim.start <= f.start < sim.end)
     return {"policy": sim.policy.name, "ettr": ettr, "training_jobs": jobs,

@@ -5,9 +5,10 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+import numpy as np
 import pytest
 
-from sentinel.simulate.cluster import Scenario, covered
+from sentinel.simulate.cluster import Scenario, covered, within_slo
 from sentinel.simulate.costs import Costs
 from sentinel.simulate.engine import Simulation
 from sentinel.simulate.policies import Heuristic, NoSentinel
@@ -100,6 +101,21 @@ def test_sentinel_scales_serving_out_for_a_spike_and_the_baseline_rides_it(costs
     assert out["policies"]["none"]["serving_jobs"][0]["spikes"] > 0
     assert none < 0.999 and heuristic > none
     assert heuristic == pytest.approx(1.0, abs=1e-4)
+
+
+def test_shedding_keeps_the_slo_for_what_fits_and_a_queue_misses_it_until_the_backlog_drains() -> None:
+    rate = np.array([1.0, 3.0, 1.0, 1.0, 1.0, 1.0])  # a spike in minute 1; capacity 2 a minute
+    capacity = np.full(6, 2.0)
+    assert within_slo(rate, capacity, "shed", 10.0).tolist() == [1.0, 2.0, 1.0, 1.0, 1.0, 1.0]
+    # backlog 1 after minute 1: minute 2 serves it plus its own 1 (≤ 2), so the queue is empty again
+    assert within_slo(rate, capacity, "queue", 10.0).tolist() == [1.0, 0.0, 1.0, 1.0, 1.0, 1.0]
+    # two minutes of 5: the backlog would be 6, clients give up past 2 minutes of capacity (4); it drains by
+    # 0.5 a minute at 1.5, by 1 at 1.0, and the SLO is met again once it is gone
+    long = np.array([1.0, 5.0, 5.0, 1.5, 1.5, 1.5, 1.5, 1.0, 1.0])
+    assert within_slo(long, np.full(9, 2.0), "queue", 2.0).tolist() == [1.0, 0, 0, 0, 0, 0, 0, 0, 1.0]
+    assert within_slo(long, np.full(9, 2.0), "queue", 100.0)[8] == 0, "without the clients' timeout it drains later"
+    with pytest.raises(ValueError, match="unknown serving degradation"):
+        within_slo(rate, capacity, "pray", 10.0)
 
 
 def test_coverage_counts_shares_of_minutes() -> None:
