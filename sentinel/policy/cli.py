@@ -42,11 +42,24 @@ def cmd_decisions(args: argparse.Namespace) -> int:
 
 def cmd_shadow(args: argparse.Namespace) -> int:
     rows = _client(args).get("/policy/shadow")
-    print(table(["KIND", "ACTIVE", "SHADOW", "DECISIONS", "AGREED", "RATIO", "LAST"],
+    print(table(["KIND", "ACTIVE", "SHADOW", "DECISIONS", "AGREED", "RATIO", "FAULTED AFTER (ACTIVE / SHADOW)",
+                 "LAST"],
                 [(s["kind"], s["active_policy"], s["shadow_policy"] or "-", s["decisions"], s["agreements"],
                   "-" if s["agreement_ratio"] is None else f"{100 * s['agreement_ratio']:.1f}%",
-                  (s["last_at"] or "-")[:19]) for s in rows]))
+                  outcome_text(s.get("outcome")), (s["last_at"] or "-")[:19]) for s in rows]))
+    shown = next((s["outcome"] for s in rows if s.get("outcome")), None)
+    if shown:
+        print(f"\nFAULTED AFTER: over the {shown['disagreements']} placement(s) where they disagreed, how many of the "
+              f"nodes each side chose faulted within {shown['window_days']:g} days after the decision")
     return 0
+
+
+def outcome_text(outcome: dict[str, Any] | None) -> str:
+    """'1 of 2 nodes / 0 of 2', or '-' (no shadow, or not a placement)."""
+    if not outcome:
+        return "-"
+    return (f"{outcome['active_faulted']} of {outcome['active_nodes']} nodes / "
+            f"{outcome['shadow_faulted']} of {outcome['shadow_nodes']}")
 
 
 def _remote_again(p: argparse.ArgumentParser) -> None:

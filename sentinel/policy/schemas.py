@@ -41,3 +41,16 @@ class ShadowSummary(BaseModel):
     agreements: int
     agreement_ratio: float | None  # agreements ÷ decisions; null without a shadow or before the first decision
     last_at: datetime | None
+    outcome: PlacementOutcome | None = None  # placement with a shadow: whose nodes went on to fault
+
+
+class PlacementOutcome(BaseModel):
+    """Over the newest placements (up to 1,000) where the shadow disagreed: the nodes each side chose, and how
+    many of them faulted (a critical hardware incident or a silent node) within `window_days` after."""
+
+    window_days: float
+    disagreements: int
+    active_nodes: int
+    active_faulted: int
+    shadow_nodes: int
+    shadow_faulted: int

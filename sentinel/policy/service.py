@@ -4,13 +4,17 @@ Takes a session, never commits."""
 from __future__ import annotations
 
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any
 
 from sqlalchemy import case, func, select
 from sqlalchemy.orm import Session
 
+from sentinel.policy.history import faults_opened
 from sentinel.policy.models import PolicyDecision
+
+OUTCOME_WINDOW = timedelta(days=7)  # a node chosen for a placement that faults this soon after was a poor choice
+OUTCOME_DECISIONS = 1000  # the newest disagreements scored
 
 
 @dataclass(frozen=True)
@@ -69,3 +73,40 @@ def agreement(session: Session, *, kind: str, active_policy: str, shadow_policy:
             PolicyDecision.kind == kind, PolicyDecision.active_policy == active_policy,
             PolicyDecision.shadow_policy == shadow_policy)).one()
     return Agreement(int(count or 0), int(agreements or 0), last)
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """Over the placements where the shadow disagreed: how many of the nodes each side chose faulted within
+    the window after the decision (up to now). Both sides are scored over the same windows."""
+
+    disagreements: int
+    active_nodes: int
+    active_faulted: int
+    shadow_nodes: int
+    shadow_faulted: int
+
+
+def placed_nodes(choice: dict[str, Any] | None) -> set[str]:
+    ranks = (choice or {}).get("ranks") or {}
+    return {str(slot["node"]) for slot in ranks.values() if isinstance(slot, dict) and slot.get("node")}
+
+
+def placement_outcome(session: Session, *, active_policy: str, shadow_policy: str, now: datetime,
+                      window: timedelta = OUTCOME_WINDOW, limit: int = OUTCOME_DECISIONS) -> Outcome:
+    """Which side picked the nodes that went on to fault: the evidence for switching (or not)."""
+    rows = list(session.scalars(
+        select(PolicyDecision).where(PolicyDecision.kind == "placement", PolicyDecision.active_policy == active_policy,
+                                     PolicyDecision.shadow_policy == shadow_policy, PolicyDecision.agree.is_(False))
+        .order_by(PolicyDecision.id.desc()).limit(limit)))
+    sides = [(r.at, placed_nodes(r.active_choice), placed_nodes(r.shadow_choice)) for r in rows]
+    if not sides:
+        return Outcome(0, 0, 0, 0, 0)
+    faults = faults_opened(session, set().union(*(a | b for _, a, b in sides)), min(at for at, _, _ in sides), now)
+
+    def faulted(nodes: set[str], at: datetime) -> int:
+        until = min(at + window, now)
+        return sum(1 for n in nodes if any(at < t <= until for t in faults.get(n, ())))
+
+    return Outcome(len(sides), sum(len(a) for _, a, _ in sides), sum(faulted(a, at) for at, a, _ in sides),
+                   sum(len(b) for _, _, b in sides), sum(faulted(b, at) for at, _, b in sides))

@@ -85,6 +85,25 @@ def test_the_shadow_summary_compares_per_kind(client: TestClient, decided: dict[
             interval["agreement_ratio"]) == ("learned", "", 1, None)
 
 
+def test_the_shadow_summary_says_whose_nodes_went_on_to_fault(client: TestClient, decided: dict[str, Any],
+                                                              clock) -> None:  # type: ignore[no-untyped-def]
+    """best-fit placed the job on node-a, the learned shadow would have used node-b: node-a faults 2 days later
+    (counted), node-b 9 days later (past the 7-day window: not counted), node-c (chosen by neither) too."""
+    decision_at = clock.time()
+    clock.advance(10 * 86400)
+    with transaction(runtime(client).factory) as session:
+        session.add_all([incident("node-a", days_ago=8, now=clock.time()),
+                         incident("node-a", days_ago=7.5, now=clock.time()),  # the same node again: one node
+                         incident("node-b", days_ago=1, now=clock.time()),
+                         incident("node-c", days_ago=8, now=clock.time()),
+                         incident("node-b", days_ago=9, severity="warning", now=clock.time())])  # not a fault
+    assert clock.time() - decision_at == 10 * 86400
+    placement, interval = client.get("/api/v1/policy/shadow", headers=decided["viewer"]).json()
+    assert placement["outcome"] == {"window_days": 7.0, "disagreements": 1, "active_nodes": 1, "active_faulted": 1,
+                                    "shadow_nodes": 1, "shadow_faulted": 0}
+    assert interval["outcome"] is None, "not a placement, and no shadow"
+
+
 def test_decisions_past_their_retention_are_pruned(client: TestClient, decided: dict[str, Any], clock) -> None:  # type: ignore[no-untyped-def]
     factory, now = runtime(client).factory, to_datetime(clock.time())
     assert prune_decisions(factory, now, retention_days=30) == 0, "both were recorded just now"

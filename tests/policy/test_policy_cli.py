@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from sentinel.policy.cli import choice_text
+from sentinel.policy.cli import choice_text, outcome_text
 from tests.factories import registration
 from tests.live import LiveServer, sentinel_cmd
 from tests.policy.hazard_models import hazard_model
@@ -41,6 +41,8 @@ def test_decisions_and_the_shadow_summary(tmp_path: Path) -> None:
         assert shadow.returncode == 0, shadow.stderr
         rows = [line.split() for line in shadow.stdout.splitlines()[2:]]
         assert rows[0][:6] == ["placement", "best-fit", "learned", "1", "1", "100.0%"]
+        assert rows[0][6:13] == ["0", "of", "0", "nodes", "/", "0", "of"], "no disagreement to score yet"
+        assert "over the 0 placement(s) where they disagreed" in shadow.stdout
         assert rows[1][:6] == ["checkpoint_interval", "young-daly", "-", "0", "0", "-"]
         refused = run_cli(server, "policy", "decisions", "--limit", "0")
         assert refused.returncode == 1 and "422" in refused.stderr
@@ -54,3 +56,6 @@ def test_choices_read_in_a_cell() -> None:
     assert choice_text({"interval_seconds": 600.4}) == "600s" and choice_text({"interval_seconds": 7200}) == "2.0h"
     assert choice_text({"interval_seconds": None}) == "-" and choice_text({"no_capacity": "x"}) == "no capacity"
     assert choice_text({"error": "RuntimeError: boom"}) == "failed: RuntimeError: boom"
+    assert outcome_text(None) == "-"
+    assert outcome_text({"active_faulted": 1, "active_nodes": 2, "shadow_faulted": 0, "shadow_nodes": 3}) == \
+        "1 of 2 nodes / 0 of 3"
