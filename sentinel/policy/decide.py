@@ -6,6 +6,12 @@ Knobs (`HazardModel.params`): `avoid_risk` (a node above it is not given new wor
 `interval_factor` (× Young/Daly), `spare_factor` (× the expected nodes out at once), `migrate_risk` (a
 node in use above it is swapped for a safer free one at the next checkpoint: a planned restart for a
 training job, a replica moved before the old one stops for a serving job).
+
+The state each decision reads: every candidate node's risk (the hazard model over its 17 fault-history
+features, `features.py`, network faults among them); placement, the free nodes that fit (cluster load);
+the spare pool, the fleet's predicted fault rate (its nodes' risks), the mean repair time and the free nodes
+it may hold back; the interval, the job's own nodes (its size) and its measured save stall; migration, the
+free nodes safe enough to move to. No NIC or link counter feeds it yet (the network tier, issue 18).
 """
 
 from __future__ import annotations

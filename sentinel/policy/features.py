@@ -1,4 +1,5 @@
-"""A node's fault history as numbers: the per-node part of the learned policy's state.
+"""A node's fault history as numbers: the per-node part of the learned policy's state (17 per node, for every
+node of the fleet); the cluster part is what each decision reads directly (sentinel/policy/decide.py).
 
 The same function serves the simulator (history from a fault trace) and the server (history from its
 incidents), so a model trained on one reads the other. Times are seconds; a fault is (start, end, kind),
@@ -22,11 +23,6 @@ NODE_FEATURES = (
     "returned_within_7d", "last_outage_log_hours", "last_kind_gpu", "last_kind_network",
     "last_kind_hardware", "last_kind_other", "kinds_90d", "out_now",
 )
-CLUSTER_FEATURES = (
-    "cluster_load_ratio", "spare_ratio", "job_size_ratio", "checkpoint_interval_log_hours",
-    "serving_load_ratio", "link_health_ratio", "fleet_faults_per_1000_node_days",
-)
-STATE_FEATURES = NODE_FEATURES + CLUSTER_FEATURES  # 24: what the learned policy sees
 
 
 @dataclass(frozen=True)
@@ -77,14 +73,6 @@ def node_features(faults: Sequence[Fault], now: float) -> np.ndarray:
     x[15] = len({f.kind for f in past if now - f.start <= 90 * DAY})
     x[16] = 1.0 if any(f.end is None or f.end > now for f in past) else 0.0
     return x
-
-
-def cluster_features(*, load_ratio: float, spare_ratio: float, job_size_ratio: float,
-                     checkpoint_interval_seconds: float, serving_load_ratio: float, link_health_ratio: float,
-                     fleet_faults_per_1000_node_days: float) -> np.ndarray:
-    return np.array([load_ratio, spare_ratio, job_size_ratio,
-                     math.log1p(max(0.0, checkpoint_interval_seconds) / 3600.0), serving_load_ratio,
-                     link_health_ratio, fleet_faults_per_1000_node_days])
 
 
 def faults_by_node(rows: Iterable[tuple[str, float, float | None, str]]) -> dict[str, list[Fault]]:
