@@ -1,6 +1,6 @@
 """The decisions the learned policy makes, as plain functions of the hazard model's risks and its tuned
-knobs, shared by the simulator (`sentinel.simulate.policies`) and the server (`sentinel.policy.live`), so
-what was tuned offline is what runs live.
+knobs, shared by the simulator (`sentinel.simulate.policies`) and the server (`sentinel.policy.placement`,
+`sentinel.policy.interval`), so what was tuned offline is what runs live.
 
 Knobs (`HazardModel.params`): `avoid_risk` (a node above it is not given new work while another fits),
 `interval_factor` (× Young/Daly), `spare_factor` (× the expected nodes out at once), `migrate_risk` (a
