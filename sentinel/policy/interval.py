@@ -4,6 +4,7 @@ nodes, × the tuned `interval_factor` (`decide.learned_interval_seconds`, as the
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from datetime import datetime
 from typing import Any
 
 from sqlalchemy import select
@@ -36,9 +37,19 @@ class LearnedInterval(CheckpointIntervalPolicy):
     runs on (Poisson per node over the model's horizon). None until a save was measured and the job has nodes."""
 
     name = "learned"
+    RISKS_SECONDS = 10.0  # the fleet's risks are read once this often: a scrape asks for every job at once
 
     def __init__(self, model: HazardModel | None = None):
         self.model = model if model is not None else load_model(DEFAULT_PATH)
+        self._risks: NodeRisks | None = None
+
+    def risks(self, session: Session, now: datetime) -> NodeRisks:
+        """The fleet's risks at `now`, read from its incidents at most every RISKS_SECONDS (one query for all
+        jobs of a scrape, not one per job); a clock that went back reads again."""
+        cached, at = self._risks, now.timestamp()
+        if cached is None or not 0 <= at - cached.now < self.RISKS_SECONDS:
+            cached = self._risks = NodeRisks.load(session, self.model, now)
+        return cached
 
     def interval_seconds(self, session: Session, ask: IntervalAsk) -> float | None:
         return self.choose(session, ask).seconds
@@ -49,7 +60,7 @@ class LearnedInterval(CheckpointIntervalPolicy):
         nodes = job_nodes(session, ask.accelerators)
         if not nodes:
             return IntervalChoice(None, {"reason": "the job runs on no known node yet"})
-        risks = NodeRisks.load(session, self.model, ask.now)
+        risks = self.risks(session, ask.now)
         seconds = decide.learned_interval_seconds(ask.stall_seconds, [risks.risk(n) for n in nodes],
                                                   self.model.horizon_days, self.model.params)
         return IntervalChoice(seconds, {"nodes": [risks.record(n) for n in nodes],

@@ -68,6 +68,23 @@ def test_the_learned_interval_reads_the_risks_of_the_jobs_own_nodes(fleet: sessi
     assert choice.explanation["interval_factor"] == 0.8
 
 
+def test_the_learned_interval_reads_the_fleet_once_per_ten_seconds(fleet: sessionmaker[Session]) -> None:
+    """A scrape asks for every job: the history is read once and reused for 10 s, then read again (node c
+    faulting in between moves the interval only after that)."""
+    policy = LearnedInterval(hazard_model())
+    on_c = ask(uuids=("c-0",))
+    with fleet() as session:
+        before = policy.interval_seconds(session, on_c)
+    add_incidents(fleet, incident("c", days_ago=0.5, out_days=0.1))
+    with fleet() as session:
+        cached = policy.interval_seconds(session, ask(uuids=("c-0",), at=NOW + 9))
+        fresh = policy.interval_seconds(session, ask(uuids=("c-0",), at=NOW + 11))
+        back = LearnedInterval(hazard_model()).interval_seconds(session, ask(uuids=("c-0",), at=NOW + 9))
+    assert before is not None and cached == before, "within 10 s: the same risks"
+    assert fresh is not None and fresh < before, "after 10 s: c's new fault is read, it checkpoints more often"
+    assert back is not None and back < before, "a policy that never read the fleet reads the fault at once"
+
+
 def test_the_recorder_keeps_one_row_per_job_per_ten_minutes_unless_the_choice_changed(
         fleet: sessionmaker[Session]) -> None:
     pending = PendingDecisions()
