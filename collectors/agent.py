@@ -20,6 +20,7 @@ from collectors.dedup import EventFolder
 from collectors.endpoint import serve
 from collectors.jobs import ExitWatcher, TaskRelay
 from collectors.metrics import AgentCollector, AgentSnapshot
+from collectors.probes import Prober, ProbeResponder
 from collectors.push import Pusher
 from collectors.recent import RecentFaults, health_of
 from collectors.sdk_gate import SdkGate, Sender
@@ -32,9 +33,11 @@ from sentinel.telemetry.schemas import (
     AcceleratorSample,
     Assignment,
     HardwareEvent,
+    NicPort,
     NodeCommand,
     NodeRegistration,
     NodeReport,
+    ProbeResult,
     ReportAck,
     SdkBatch,
     TaskExit,
@@ -59,6 +62,11 @@ class AgentConfig:
     command_poll_seconds: float = 25.0
     fold_seconds: float = 60.0  # repeats of an identical event this close together are counted, not sent
     recent_fault_seconds: float = 300.0  # a fault's gauge reads 1 this long, unless it clears sooner
+    # the probe mesh (collectors/probes.py): answer probes on this UDP host:port and probe the peers the server
+    # assigns; None: take no part. Its address is registered as label `probe_addr`.
+    probe_listen: str | None = None
+    probe_interval_seconds: float = 1.0
+    labels: dict[str, str] = field(default_factory=dict)  # e.g. rack, switch: failure domains for localisation
 
 
 class Agent:
@@ -89,6 +97,16 @@ class Agent:
         self._http: ThreadingHTTPServer | None = None
         self.url = ""  # where the SDK of tasks on this node reports, once serving (a label the server keeps)
         self.commands_applied = 0
+        self.responder: ProbeResponder | None = None
+        self.prober: Prober | None = None
+        self.latest_nics: list[NicPort] = []
+        self._loss_pushed_at = 0.0
+        if config.probe_listen:
+            host, _, port = config.probe_listen.rpartition(":")
+            self.responder = ProbeResponder(host.strip("[]") or "127.0.0.1", int(port or 0), node=config.node)
+            self.responder.start()
+            self.prober = Prober(config.node, interval_seconds=config.probe_interval_seconds,
+                                 on_loss=self._on_probe_loss)
 
     def _start_sources(self, specs: list[str]) -> list[Collector]:
         started = []
@@ -104,11 +122,15 @@ class Agent:
         return started
 
     def registration(self) -> NodeRegistration:
+        labels = dict(self.config.labels)
+        if self.url:
+            labels["agent_url"] = self.url
+        if self.responder is not None:
+            labels["probe_addr"] = self.responder.address
         return NodeRegistration(
             name=self.config.node, hostname=socket.gethostname(), interval_seconds=self.config.interval_seconds,
             agent_version=__version__, sources=[s.name for s in self.sources],
-            accelerators=[info for s in self.sources for info in s.accelerators()],
-            labels={"agent_url": self.url} if self.url else {})
+            accelerators=[info for s in self.sources for info in s.accelerators()], labels=labels)
 
     # -- collecting and reporting ------------------------------------------------------------
 
@@ -126,9 +148,11 @@ class Agent:
             self.sources_up[source.name] = True
             merged.host = readings.host or merged.host
             merged.accelerators.extend(readings.accelerators)
+            merged.nics.extend(readings.nics)
         with self._lock:
             for sample in merged.accelerators:
                 self.latest[sample.uuid] = sample
+            self.latest_nics = list(merged.nics)
         return merged
 
     def task_telemetry(self) -> list[TaskTelemetry]:
@@ -141,14 +165,15 @@ class Agent:
         return self.relay.drain(device_memory)
 
     def report_now(self, readings: Readings | None = None, events: list[HardwareEvent] | None = None,
-                   tasks: list[TaskTelemetry] | None = None, task_exits: list[TaskExit] | None = None) -> int:
+                   tasks: list[TaskTelemetry] | None = None, task_exits: list[TaskExit] | None = None,
+                   probes: list[ProbeResult] | None = None) -> int:
         """Spool one report and wake the pusher; returns its seq."""
         readings = readings or Readings()
         seq = self.seq.next()
         report = NodeReport(node=self.config.node, seq=seq, sent_at=time.time(),
                             interval_seconds=self.config.interval_seconds, host=readings.host,
                             accelerators=readings.accelerators, events=events or [], tasks=tasks or [],
-                            task_exits=task_exits or [])
+                            task_exits=task_exits or [], nics=readings.nics, probes=probes or [])
         self.spool.append(seq, report.model_dump_json(exclude_none=True).encode())
         self.pusher.wake()
         return seq
@@ -171,6 +196,19 @@ class Agent:
                     exit.pid, how)
         self.report_now(tasks=self.task_telemetry(), task_exits=[exit])
 
+    def _on_probe_loss(self, target: str) -> None:
+        """A peer stopped answering: its loss goes to the server now, not at the next interval (an unreachable
+        node is an incident in seconds); at most one such push per half second."""
+        now = time.monotonic()
+        if self.prober is None or now - self._loss_pushed_at < 0.5:
+            return
+        self._loss_pushed_at = now
+        log.warning("probe lost: node=%s peer=%s", self.config.node, target)
+        self.report_now(probes=self.prober.drain())
+
+    def drain_probes(self) -> list[ProbeResult]:
+        return self.prober.drain() if self.prober is not None else []
+
     def accept_sdk_batch(self, batch: SdkBatch, sender: Sender) -> None:
         """Relay a batch sent by the process it names, for the task the server placed here as that process;
         raises BatchRefused (counted, logged: collectors/sdk_gate.py) for any other."""
@@ -188,6 +226,8 @@ class Agent:
         if now != before:
             log.info("assignments changed: node=%s seq=%d tasks=%s", self.config.node, ack.seq,
                      " ".join(f"job{j}/rank{r}/pid{p}" for j, r, p in sorted(now, key=str)) or "none")
+        if ack.probe_targets is not None and self.prober is not None:
+            self.prober.set_targets(ack.probe_targets)  # the server assigns only registered agents
         for uuid in ack.cleared:  # released or recovered on the server: its fault gauges return to 0
             self.recent.clear(uuid)
         for task in ack.assignments:
@@ -232,6 +272,8 @@ class Agent:
             return AgentSnapshot(
                 node=self.config.node, accelerators=[i for s in self.sources for i in s.accelerators()],
                 samples=dict(self.latest), sources_up=dict(self.sources_up), recent=recent,
+                nics=list(self.latest_nics),
+                plugin_errors={f"{s.name}:{reason}": n for s in self.sources for reason, n in s.error_counts().items()},
                 health={uuid: health_of(faults) for uuid, faults in recent.items()},
                 counters={"reports_sent_total": self.pusher.sent_total,
                           "sdk_batches_refused_total": self.sdk_gate.refused_total,
@@ -240,7 +282,17 @@ class Agent:
                           "push_failures_total": self.pusher.failures_total,
                           "spool_dropped_total": self.spool.dropped_total,
                           "spool_reports": len(self.spool), "last_seq": self.seq.value,
+                          **self._probe_counters(),
                           "server_connected": 1.0 if self.pusher.connected else 0.0})
+
+    def _probe_counters(self) -> dict[str, float]:
+        out: dict[str, float] = {}
+        if self.prober is not None:
+            out |= {"probes_sent_total": self.prober.sent_total, "probes_lost_total": self.prober.lost_total}
+        if self.responder is not None:
+            out |= {"probes_answered_total": self.responder.answered_total,
+                    "probes_refused_total": self.responder.refused_total + self.responder.limited_total}
+        return out
 
     def serve_http(self) -> int:
         """Serve /metrics and the SDK endpoint; batches are taken only from the process they name (sdk_gate.py)."""
@@ -265,13 +317,16 @@ class Agent:
         self.exits.start()
         self.pusher.start()
         threading.Thread(target=self._poll_commands, name="sentinel-agent-commands", daemon=True).start()
+        if self.prober is not None:
+            self.prober.start()
 
     def run_forever(self) -> None:
         """Collect and report every interval until stopped; intervals are kept on a fixed grid."""
         next_at = time.monotonic()
         while not self._stop.is_set():
             try:
-                self.report_now(self.collect(), events=self.folder.flush(time.time()), tasks=self.task_telemetry())
+                self.report_now(self.collect(), events=self.folder.flush(time.time()), tasks=self.task_telemetry(),
+                                probes=self.drain_probes())
             except Exception:
                 log.exception("collection failed this interval: node=%s", self.config.node)
             next_at += self.config.interval_seconds
@@ -282,6 +337,9 @@ class Agent:
         folded = self.folder.flush(time.time())
         if folded:  # counted repeats are reports like any other: spooled, not lost
             self.report_now(events=folded)
+        for part in (self.prober, self.responder):
+            if part is not None:
+                part.close()
         self.pusher.stop(drain_seconds=drain_seconds)
         for source in self.sources:
             source.close()

@@ -16,6 +16,7 @@ from sentinel.telemetry.schemas import (
     Assignment,
     HardwareEvent,
     HostMetrics,
+    NicPort,
 )
 
 EmitEvent = Callable[[HardwareEvent], None]
@@ -29,10 +30,11 @@ class SourceUnavailable(RuntimeError):
 class Readings:
     host: HostMetrics | None = None
     accelerators: list[AcceleratorSample] = field(default_factory=list)
+    nics: list[NicPort] = field(default_factory=list)
 
 
 class Collector(abc.ABC):
-    """One source of readings on a node: host, nvml or sim."""
+    """One source of readings on a node: host, nvml, rdma or sim."""
 
     name: str = "collector"
 
@@ -46,6 +48,11 @@ class Collector(abc.ABC):
     @abc.abstractmethod
     def collect(self, assignments: list[Assignment]) -> Readings:
         """Read the current values. `assignments` are the tasks the server placed on this node."""
+
+    def error_counts(self) -> dict[str, int]:
+        """Bad inputs the source skipped and counted so far, by reason (`sentinel_plugin_errors_total` on the
+        agent's /metrics, label plugin="<source>:<reason>")."""
+        return {}
 
     def close(self) -> None:  # noqa: B027 - optional hook
         """Release handles and stop background threads."""
@@ -63,6 +70,7 @@ def register(name: str, factory: Factory) -> None:
 def _import_builtin_sources() -> None:
     import collectors.host
     import collectors.nvml
+    import collectors.rdma
     import collectors.sim  # noqa: F401 - the built-in sources register themselves on import
 
 

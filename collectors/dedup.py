@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from sentinel.telemetry.schemas import HardwareEvent
 
 NEVER_FOLDED = frozenset({"probe", "clear"})
-Key = tuple[str | None, str, int | None]
+Key = tuple[str | None, str, int | None, str | None]  # accelerator, kind, xid, nic
 
 
 @dataclass
@@ -40,7 +40,7 @@ class EventFolder:
                     for key in [k for k in self._folds if k[0] == event.accelerator_uuid]:
                         del self._folds[key]
             return event
-        key = (event.accelerator_uuid, event.kind, event.xid)
+        key = (event.accelerator_uuid, event.kind, event.xid, event.nic)
         at = event.observed_at
         with self._lock:
             fold = self._folds.get(key)

@@ -8,7 +8,8 @@ from dataclasses import dataclass, field
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
-from sentinel.telemetry.schemas import AcceleratorInfo, AcceleratorSample
+from collectors.nic_metrics import nic_families
+from sentinel.telemetry.schemas import AcceleratorInfo, AcceleratorSample, NicPort
 
 THROTTLE_REASONS = ("sw_power_cap", "hw_slowdown", "hw_thermal_slowdown", "sw_thermal_slowdown",
                     "hw_power_brake_slowdown", "sync_boost")
@@ -26,6 +27,8 @@ class AgentSnapshot:
     sources_up: dict[str, bool] = field(default_factory=dict)
     # uuid → (kind, xid or "") → recent now; a fault seen once stays listed, reading 0 once it clears
     recent: dict[str, dict[tuple[str, str], bool]] = field(default_factory=dict)
+    nics: list[NicPort] = field(default_factory=list)  # the rdma source's ports (collectors/nic_metrics.py)
+    plugin_errors: dict[str, int] = field(default_factory=dict)  # "source:reason" → bad inputs skipped
 
 
 class AgentCollector(Collector):
@@ -78,6 +81,7 @@ class AgentCollector(Collector):
         yield from families.values()
         yield from (xid, ecc, throttled, health, recent)
         yield from self._agent_series(snap)
+        yield from nic_families(snap.node, snap.nics, snap.plugin_errors)
 
     @staticmethod
     def _agent_series(snap: AgentSnapshot) -> Iterator[GaugeMetricFamily | CounterMetricFamily]:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Annotated, Literal
 
-from pydantic import AwareDatetime, BaseModel, BeforeValidator, ConfigDict, Field
+from pydantic import AwareDatetime, BaseModel, BeforeValidator, ConfigDict, Field, model_validator
 
 Name = Annotated[str, Field(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9][A-Za-z0-9._:@-]*$")]
 Uuid = Annotated[str, Field(min_length=1, max_length=96, pattern=r"^[A-Za-z0-9][A-Za-z0-9._:-]*$")]
@@ -30,8 +30,12 @@ def _iso_only(value: object) -> object:
 # A request's date-time: ISO 8601 text with a zone, as its JSON schema says; a bare number is refused.
 IsoDateTime = Annotated[AwareDatetime, BeforeValidator(_iso_only)]
 
-EVENT_KINDS = ("xid", "ecc", "thermal", "power", "offline", "hang", "slow", "remap", "clear", "probe", "other")
-EventKind = Literal["xid", "ecc", "thermal", "power", "offline", "hang", "slow", "remap", "clear", "probe", "other"]
+EVENT_KINDS = ("xid", "ecc", "thermal", "power", "offline", "hang", "slow", "remap", "clear", "probe", "link_down",
+               "link_up", "other")
+EventKind = Literal["xid", "ecc", "thermal", "power", "offline", "hang", "slow", "remap", "clear", "probe",
+                    "link_down", "link_up", "other"]
+# An RDMA port as "<device>/<port>" (sysfs /sys/class/infiniband/<device>/ports/<port>)
+NicName = Annotated[str, Field(min_length=3, max_length=80, pattern=r"^[A-Za-z0-9][A-Za-z0-9._:-]*/[0-9]{1,4}$")]
 
 
 class WireModel(BaseModel):
@@ -114,12 +118,74 @@ class HardwareEvent(WireModel):
     # (the agent folds repeats into one event; NVSentinel #1120: ~800,000 duplicate XID lines, 29 distinct)
     count: Annotated[int, Field(ge=1, le=2**31)] = 1
     last_observed_at: UnixTime | None = None
+    nic: NicName | None = None  # link_down / link_up: the port that changed
 
 
 Seconds = Annotated[float, Field(ge=0.0, le=1e9)]
 JobId = Annotated[int, Field(ge=1, le=2**62)]
 Rank = Annotated[int, Field(ge=0, le=10_000_000)]
 Pid = Annotated[int, Field(ge=1, le=2**31)]
+
+
+CounterName = Annotated[str, Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_]+$")]
+PerSecond = Annotated[float, Field(ge=0.0, le=1e15)]
+
+
+class NicPort(WireModel):
+    """One RDMA port (InfiniBand or RoCE) as the `rdma` source read it from sysfs (collectors/rdma.py).
+
+    `counters` are totals the agent keeps monotonic: a 32- or 64-bit counter that wrapped, or was reset
+    (`perfquery -R`), is folded in, so a total never goes down while the agent runs. `port_xmit_data` and
+    `port_rcv_data` are converted from the kernel's 4-octet units into bytes. `rates` are per second over
+    the last collection window (absent on the first reading and for a counter that just wrapped past
+    recognition). A field the kernel did not give (missing, empty, "N/A", unreadable) is left out.
+    """
+
+    device: Annotated[str, Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9][A-Za-z0-9._:-]*$")]
+    port: Annotated[int, Field(ge=0, le=9999)]
+    state: Annotated[str, Field(max_length=32)] | None = None  # ACTIVE, DOWN, INIT, ARMED, ...
+    state_id: Annotated[int, Field(ge=0, le=15)] | None = None
+    phys_state: Annotated[str, Field(max_length=32)] | None = None  # LinkUp, Disabled, Polling, ...
+    phys_state_id: Annotated[int, Field(ge=0, le=15)] | None = None
+    rate_bytes_per_second: Annotated[float, Field(ge=0.0, le=1e15)] | None = None
+    link_layer: Annotated[str, Field(max_length=32)] | None = None  # InfiniBand | Ethernet
+    counters: Annotated[dict[CounterName, Count], Field(max_length=128)] = {}
+    rates: Annotated[dict[CounterName, PerSecond], Field(max_length=128)] = {}
+    link_flaps_total: Count = 0  # ACTIVE → not ACTIVE transitions the agent saw since it started
+    saturated: Annotated[list[CounterName], Field(max_length=128)] = []  # counters stuck at their maximum
+
+    @property
+    def name(self) -> str:
+        return f"{self.device}/{self.port}"
+
+    @property
+    def up(self) -> bool | None:
+        return None if self.state is None else self.state == "ACTIVE"
+
+
+class ProbeResult(WireModel):
+    """What one agent measured probing one peer over the last window (collectors/probes.py)."""
+
+    target: Name
+    sent: Annotated[int, Field(ge=1, le=1_000_000)]
+    received: Annotated[int, Field(ge=0, le=1_000_000)]
+    rtt_p50_seconds: Annotated[float, Field(ge=0.0, le=60.0)] | None = None  # None: nothing came back
+    rtt_p99_seconds: Annotated[float, Field(ge=0.0, le=60.0)] | None = None
+    rtt_max_seconds: Annotated[float, Field(ge=0.0, le=60.0)] | None = None
+    started_at: UnixTime
+    ended_at: UnixTime
+
+    @model_validator(mode="after")
+    def _consistent(self) -> ProbeResult:
+        if self.received > self.sent:
+            raise ValueError(f"received {self.received} probes of {self.sent} sent")
+        if self.ended_at < self.started_at:
+            raise ValueError("ended_at is before started_at")
+        return self
+
+    @property
+    def loss_ratio(self) -> float:
+        return max(0.0, 1.0 - self.received / self.sent)
 
 
 class CollectiveTotals(WireModel):
@@ -201,6 +267,8 @@ class NodeReport(WireModel):
     events: Annotated[list[HardwareEvent], Field(max_length=256)] = []
     tasks: Annotated[list[TaskTelemetry], Field(max_length=256)] = []
     task_exits: Annotated[list[TaskExit], Field(max_length=256)] = []
+    nics: Annotated[list[NicPort], Field(max_length=64)] = []
+    probes: Annotated[list[ProbeResult], Field(max_length=256)] = []
 
 
 class SdkBatch(WireModel):
@@ -242,6 +310,13 @@ class NodeCommand(BaseModel):
     argument: float | None = None
 
 
+class ProbeTarget(BaseModel):
+    """A registered agent this node is to probe, at the address it registered (label `probe_addr`)."""
+
+    node: str
+    address: str  # host:port (UDP)
+
+
 class ReportAck(BaseModel):
     status: Literal["accepted", "duplicate"]
     node: str
@@ -249,3 +324,5 @@ class ReportAck(BaseModel):
     assignments: list[Assignment] = []
     commands: list[NodeCommand] = []
     cleared: list[str] = []  # accelerators released or recovered since: their fault gauges return to 0
+    probe_targets: list[ProbeTarget] | None = None  # None: keep the current ones; []: probe no one
+
