@@ -29,6 +29,7 @@ from sentinel.ha.failover import ROLE_HEADER
 from sentinel.incidents.api import router as incidents_router
 from sentinel.jobs.api import router as jobs_router
 from sentinel.metrics import Sources, build_registry
+from sentinel.network.api import router as network_router
 from sentinel.nodes.api import router as nodes_router
 from sentinel.policy.api import router as policy_router
 from sentinel.remediation.api import router as remediation_router
@@ -81,7 +82,7 @@ def create_app(settings: Settings, clock: Clock | None = None, *, migrate: bool 
     api = APIRouter(prefix="/api/v1")
     for router in (nodes_router, accelerators_router, fleet_router, jobs_router, events_router, audit_router,
                    tokens_router, incidents_router, alerting_router, remediation_router, checkpoints_router,
-                   policy_router):
+                   policy_router, network_router):
         api.include_router(router)
     app.include_router(api)
     app.include_router(ui_router)  # the status page: /ui

@@ -19,6 +19,7 @@ from sentinel.config import load_settings
 from sentinel.console import human_bytes, table
 from sentinel.grafana import cli as grafana_cli
 from sentinel.incidents import cli as incidents_cli
+from sentinel.network import cli as network_cli
 from sentinel.policy import cli as policy_cli
 from sentinel.simulate import cli as simulate
 
@@ -80,10 +81,16 @@ def cmd_collector(args: argparse.Namespace) -> int:
         print("error: an agent token is needed (--token, --token-file or SENTINEL_TOKEN)", file=sys.stderr)
         return 2
     host, _, port = args.listen.rpartition(":")
+    labels = dict(item.partition("=")[::2] for item in args.label or [])
+    if any(not k for k in labels):
+        print("error: --label takes KEY=VALUE", file=sys.stderr)
+        return 2
+    sources = [f"rdma:{args.sysfs_root}" if s == "rdma" and args.sysfs_root else s for s in args.source or ["host"]]
     state_dir = Path(args.state_dir) if args.state_dir else load_settings().data_dir / "agent"
-    config = AgentConfig(server_url=args.server, token=token, node=args.node_name, sources=args.source or ["host"],
+    config = AgentConfig(server_url=args.server, token=token, node=args.node_name, sources=sources,
                          interval_seconds=args.interval, listen_host=host or "127.0.0.1", listen_port=int(port),
-                         state_dir=state_dir, spool_max_reports=args.spool_max)
+                         state_dir=state_dir, spool_max_reports=args.spool_max, probe_listen=args.probe,
+                         probe_interval_seconds=args.probe_interval, labels=labels)
     agent = Agent(config)
     bound = agent.serve_http()
     agent.start()
@@ -231,6 +238,7 @@ def build_parser() -> argparse.ArgumentParser:
     _read_parsers(sub)
     incidents_cli.add_parsers(sub, _remote)
     policy_cli.add_parsers(sub, _remote)  # policy decisions|shadow
+    network_cli.add_parsers(sub, _remote)  # network [matrix|nics]
     grafana_cli.add_parser(sub, _remote)
     simulate.add_parser(sub, _remote)
     _launch_parser(sub)
@@ -259,7 +267,14 @@ def _collector_parser(sub: Any) -> None:
     p.add_argument("--token", default=None)
     p.add_argument("--token-file", default=None)
     p.add_argument("--node-name", default=os.uname().nodename)
-    p.add_argument("--source", action="append", help="host, nvml or sim:N; repeat for several")
+    p.add_argument("--source", action="append", help="host, nvml, rdma or sim:N; repeat for several")
+    p.add_argument("--sysfs-root", default=None, metavar="DIR",
+                   help="where the rdma source reads sysfs (DIR stands for /sys: DIR/class/infiniband/…)")
+    p.add_argument("--probe", default=None, metavar="HOST:PORT",
+                   help="take part in the probe mesh: answer UDP probes here and probe the peers the server assigns")
+    p.add_argument("--probe-interval", type=float, default=1.0, help="seconds between probes of each peer")
+    p.add_argument("--label", action="append", metavar="KEY=VALUE",
+                   help="a node label, e.g. rack=r7 or switch=leaf3 (failure domains); repeat for several")
     p.add_argument("--interval", type=float, default=5.0, help="seconds between reports")
     p.add_argument("--listen", default="127.0.0.1:9481", help="address of the agent's /metrics")
     p.add_argument("--state-dir", default=None, help="spool and seq (default: <data dir>/agent)")

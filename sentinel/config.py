@@ -135,6 +135,23 @@ class Settings(BaseSettings):
     breaker_window_seconds: float = Field(default=3600.0, gt=0)
     breaker_domain_label: str = "rack"
     breaker_domain_share: float = Field(default=0.5, gt=0, le=1)
+    # Network tier (sentinel/network/, docs/network.md). Probe mesh: each agent that advertises a probe address
+    # (`sentinel collector --probe HOST:PORT`) probes probe_peers others, a subset that rotates every
+    # probe_round_seconds; pairs are judged over probe_window_seconds. A pair is bad at probe_loss_ratio loss or a
+    # median RTT above both probe_rtt_seconds and probe_rtt_factor × the fleet's median (UDP round trips between
+    # agents on the management network, not RDMA verbs: a RoCE-level 10 µs alarm needs ib_send_lat, which this
+    # does not run). A node is unreachable once probe_unreachable_probers peers lost everything sent to it.
+    probe_peers: int = Field(default=8, ge=0, le=64)
+    probe_round_seconds: float = Field(default=10.0, ge=1, le=3600)
+    probe_window_seconds: float = Field(default=60.0, ge=5, le=3600)
+    probe_rtt_seconds: float = Field(default=0.002, gt=0, le=10)
+    probe_rtt_factor: float = Field(default=4.0, ge=1, le=1000)
+    probe_loss_ratio: float = Field(default=0.2, gt=0, le=1)
+    probe_unreachable_probers: int = Field(default=2, ge=1, le=64)
+    network_domain_labels: list[str] = ["rack", "switch"]  # node labels that name a failure domain
+    nic_rules_file: Path | None = None  # RDMA port rules (sentinel/network/nic_rules.toml); a file replaces them
+    # Nodes at an end of a slow link, or bad on every probed pair, take no new work while that holds.
+    network_exclude_slow_nodes: bool = False
     # Alerting: receivers (alertmanager | webhook | slack | pagerduty), each with its own route filter.
     receivers: list[ReceiverConfig] = []
     alert_resend_seconds: float = Field(default=60.0, gt=0)

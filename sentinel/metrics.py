@@ -20,6 +20,7 @@ from sentinel.clock import Clock, to_datetime
 from sentinel.incidents.lifecycle import Incidents
 from sentinel.jobs.service import JobNotFound, get_job
 from sentinel.live.view import LiveView
+from sentinel.network.metrics import network_families
 from sentinel.nodes.service import fault_rates
 from sentinel.pipeline.ingest import Ingest
 from sentinel.remediation.engine import RemediationEngine
@@ -82,6 +83,7 @@ class FleetCollector(Collector):
                                 value=1.0 if s.remediation.breaker.open else 0.0)
         yield _counter("sentinel_plugin_errors", "Failures of scheduled jobs and plugins", ["plugin"],
                        dict(s.plugin_errors))
+        yield from network_families(s.live.network, s.clock.time())
 
     def _ingest(self) -> Iterator[Metric]:
         ingest = self._s.ingest

@@ -37,6 +37,7 @@ from sentinel.live.jobs import JobTelemetry
 from sentinel.live.liveness import check_liveness, flush_liveness, prune_receipts
 from sentinel.live.samples import SampleStore
 from sentinel.live.view import LiveView
+from sentinel.network.view import NetworkView
 from sentinel.nodes.commands import CommandQueue
 from sentinel.pipeline.ingest import Ingest
 from sentinel.pipeline.report import ReportPipeline
@@ -77,7 +78,8 @@ class Runtime:
         engine = make_engine(settings.effective_database_url)
         factory = make_sessionmaker(engine)
         errors: dict[str, int] = {}
-        live = LiveView.empty(factory, window_samples=settings.window_samples)
+        live = LiveView.empty(factory, window_samples=settings.window_samples,
+                              network=NetworkView.from_settings(settings))
         ingest = Ingest(factory=factory, fleet=live.fleet, samples=live.samples, clock=clock,
                         writer=GroupCommitWriter(factory))
         dispatcher = Dispatcher(factory, settings, clock)
@@ -86,12 +88,13 @@ class Runtime:
         policies = build_policies(settings, errors)  # placement and checkpoint interval, their shadows
         remediation = RemediationEngine(factory=factory, settings=settings, clock=clock, fleet=live.fleet,
                                         jobs=live.jobs, incidents=incidents, commands=commands,
-                                        placement=policies.placement, interval_policy=policies.interval)
+                                        placement=policies.placement, interval_policy=policies.interval,
+                                        excluded=lambda: live.network.excluded(clock.time()))
         incidents.listeners.append(remediation.on_incident)  # 4 → 5 remediate
         ctx = DetectionContext(settings=settings, clock=clock, fleet=live.fleet, samples=live.samples, jobs=live.jobs,
                                catalog=FaultCatalog.load(settings.fault_catalog_file), history=live.faults,
                                assignments=live.assignments.snapshot, checkpoints=live.checkpoints,
-                               restarting=remediation.is_restarting)
+                               restarting=remediation.is_restarting, network=live.network)
         detection = DetectionEngine(ctx, load_detectors(settings), incidents, errors)  # 3 → 4
         pipeline = ReportPipeline(ingest=ingest, live=live, detection=detection, remediation=remediation,
                                   commands=commands, clock=clock, errors=errors)  # 1 → 2 → 3

@@ -26,6 +26,7 @@ if TYPE_CHECKING:
     from sentinel.live.fleet import Fleet, NodeLive
     from sentinel.live.jobs import JobTelemetry
     from sentinel.live.samples import SampleStore
+    from sentinel.network.view import NetworkView
     from sentinel.telemetry.schemas import Assignment, NodeReport
 
 log = logging.getLogger("sentinel.detection")
@@ -53,6 +54,7 @@ class DetectionContext:
     # (job, attempt) → True when Sentinel ordered a newer attempt: that attempt's exits are expected
     restarting: Callable[[int, int], bool] = lambda job_id, attempt: False
     checkpoints: CheckpointLedger | None = None  # recent commits per job (the catalog keeps it current)
+    network: NetworkView | None = None  # the probe mesh and RDMA ports (sentinel/network/)
 
     def node_of(self, uuid: str) -> str | None:
         for live in self.fleet.all():

@@ -97,6 +97,11 @@ def _is_xid(code: object) -> bool:
     return isinstance(code, int) and not isinstance(code, bool) and 0 <= code <= MAX_XID
 
 
+BUILT_IN = "built-in fault catalog"
+# Event kinds added after operators may have copied the catalog: a file without them takes the built-in entries.
+LATER_KINDS = frozenset({"link_down", "link_up"})
+
+
 @dataclass(frozen=True)
 class FaultCatalog:
     xids: dict[int, CatalogEntry]
@@ -107,7 +112,7 @@ class FaultCatalog:
     def load(cls, path: str | Path | None = None) -> FaultCatalog:
         if path is None:
             text = resources.files("sentinel.detection").joinpath("fault_catalog.toml").read_text()
-            where = "built-in fault catalog"
+            where = BUILT_IN
         else:
             where = str(path)
             try:
@@ -155,6 +160,11 @@ class FaultCatalog:
                                    f"{', '.join(k for k in EVENT_KINDS if k != 'xid')}")
             events[kind] = _entry(f"{where}: event.{kind}", raw)
         missing = [k for k in EVENT_KINDS if k != "xid" and k not in events]
+        if missing and set(missing) <= LATER_KINDS and where != BUILT_IN:
+            # a copy made before these kinds existed: they keep their built-in meaning (it is not an error)
+            built_in = cls.load().events
+            events.update({k: built_in[k] for k in missing})
+            missing = []
         if missing:
             raise CatalogError(f"{where}: no entry for event kind(s) {', '.join(missing)}")
         return cls(xids=xids, default_xid=default, events=events)

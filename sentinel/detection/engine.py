@@ -72,8 +72,8 @@ class DetectionEngine:
                 job = next((t.job_id for t in placed if event.accelerator_uuid in t.accelerators), None)
                 self.ctx.history.add(Fault(event.observed_at, live.name, event.accelerator_uuid, event.kind,
                                            event.xid, entry.severity, job))
-        if not report.events and not exits:
-            return
+        if not report.events and not exits and not any(p.received == 0 for p in report.probes):
+            return  # (a lost probe is news for the probe mesh: an unreachable node is paged at once)
         findings: list[Finding] = []
         for detector in self.detectors.values():
             try:

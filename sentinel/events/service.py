@@ -12,7 +12,7 @@ from sentinel.events.models import Event
 # The severity an event the agent reports is stored with, by kind (hardware faults are critical).
 EVENT_SEVERITY = {"xid": "critical", "ecc": "critical", "offline": "critical", "remap": "critical",
                   "hang": "warning", "slow": "warning", "thermal": "warning", "power": "warning",
-                  "clear": "info", "probe": "info", "other": "info"}
+                  "clear": "info", "probe": "info", "link_down": "critical", "link_up": "info", "other": "info"}
 
 
 def record_event(session: Session, *, kind: str, message: str, severity: str = "info",

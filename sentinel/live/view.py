@@ -8,6 +8,7 @@
 | `assignments` | assignments.py | which tasks run on each node                            | task start and exit  |
 | `checkpoints` | checkpoints.py | recent checkpoint commits per job                       | shard registration   |
 | `faults`      | faults.py      | recent hardware faults per accelerator and node         | hardware events      |
+| `network`     | network/view.py| the probe plan and matrix, RDMA ports, localisation     | registration, ingest |
 
 `liveness.py` is the periodic upkeep of `fleet` (silent nodes marked down, last-seen flushed in batches).
 """
@@ -24,6 +25,9 @@ from sentinel.live.faults import FaultHistory
 from sentinel.live.fleet import Fleet
 from sentinel.live.jobs import JobTelemetry
 from sentinel.live.samples import SampleStore
+from sentinel.network.localise import Thresholds
+from sentinel.network.rules import load_rules
+from sentinel.network.view import NetworkView
 
 
 @dataclass
@@ -34,11 +38,16 @@ class LiveView:
     assignments: Assignments
     checkpoints: CheckpointLedger
     faults: FaultHistory
+    network: NetworkView
 
     @classmethod
-    def empty(cls, factory: sessionmaker[Session], *, window_samples: int) -> LiveView:
+    def empty(cls, factory: sessionmaker[Session], *, window_samples: int,
+              network: NetworkView | None = None) -> LiveView:
+        network = network or NetworkView.build(peers=8, round_seconds=10.0, window_seconds=60.0, rules=load_rules(),
+                                               thresholds=Thresholds(), domain_labels=("rack", "switch"))
         return cls(fleet=Fleet(), samples=SampleStore(window_samples), jobs=JobTelemetry(),
-                   assignments=Assignments(factory), checkpoints=CheckpointLedger(), faults=FaultHistory())
+                   assignments=Assignments(factory), checkpoints=CheckpointLedger(), faults=FaultHistory(),
+                   network=network)
 
     def load(self, session: Session, now: float) -> None:
         """Rebuild every part from SQL (on taking the lead; the samples window refills from the next reports)."""
@@ -47,6 +56,7 @@ class LiveView:
         self.jobs.load(session)
         self.faults.load(session, now=now)
         self.checkpoints.load(session)
+        self.network.load(session)
 
     def shard_registered(self, job_id: int, step: int, rank: int, attempt: int, *, world_size: int, committed: bool,
                          at: float) -> None:

@@ -58,6 +58,7 @@ class ReportPipeline:
         node, accelerators = nodes.register_node(session, reg)
         present = {a.uuid for a in accelerators if a.present}
         live = self.live.fleet.apply(node, present, last_seen=self.clock.time())
+        self.live.network.registered(reg.name, dict(reg.labels))  # its probe address and failure domains
         for acc in accelerators:
             self.live.jobs.accelerators[acc.uuid] = (acc.model, acc.peak_flops, acc.memory_total_bytes)
         return node, accelerators, live
@@ -89,6 +90,8 @@ class ReportPipeline:
                         report.seq, " ".join(f"job{t.job_id}/rank{t.rank}" for t in report.tasks if t not in tasks))
         if tasks:
             jobs.add(live.name, tasks, self.clock.time())
+        if report.probes or report.nics:
+            self.live.network.reported(live.name, report.probes, report.nics, self.clock.time())
         for closed in exits:
             jobs.mark_ended(closed.job_id, closed.rank, closed.pid, reason=closed.failure_reason or "",
                             at=self.clock.time())
@@ -106,7 +109,9 @@ class ReportPipeline:
         self.remediation.on_report(live, report, exits)
 
     def ack(self, outcome: Outcome, report: NodeReport, node: str) -> ReportAck:
-        """What the agent gets back: kept or duplicate, its node's assignments, commands waiting for it."""
+        """What the agent gets back: kept or duplicate, its node's assignments, commands waiting for it, and
+        the peers it is to probe this round (registered agents only: network/plan.py)."""
         return ReportAck(status="duplicate" if outcome.duplicate else "accepted", node=node, seq=report.seq,
                          assignments=self.live.assignments.of(outcome.live.id), commands=self.commands.take(node),
-                         cleared=self.live.fleet.take_cleared(node))
+                         cleared=self.live.fleet.take_cleared(node),
+                         probe_targets=self.live.network.targets(node, self.clock.time()))

@@ -70,7 +70,8 @@ def load_executors(settings: Settings) -> list[Executor]:
 class RemediationEngine:
     def __init__(self, *, factory: sessionmaker[Session], settings: Settings, clock: Clock, fleet: Fleet,
                  jobs: JobTelemetry, incidents: Incidents, commands: CommandQueue | None = None,
-                 placement: PlacementPolicy | None = None, interval_policy: CheckpointIntervalPolicy | None = None):
+                 placement: PlacementPolicy | None = None, interval_policy: CheckpointIntervalPolicy | None = None,
+                 excluded: Callable[[], dict[str, str]] | None = None):
         """`placement` and `interval_policy` as the composition root built them (sentinel/policy/wiring.py: the
         learned policy, a shadow); by default the ones `settings` name, from the registries."""
         self._factory = factory
@@ -86,6 +87,7 @@ class RemediationEngine:
         self.counts = Counts()
         self.recoveries = Recoveries(jobs, interval_policy or load_interval_policy(settings.checkpoint_interval_policy))
         self.probes = Probes(settings, commands)
+        self.excluded = excluded or dict  # nodes the network tier puts out of placement (network_exclude_slow_nodes)
         # incident ids to act on, and (accelerator, probe value) results
         self._worker: QueueWorker[int | tuple[str, float | None]] = QueueWorker("sentinel-remediation", self._work)
         self._act_lock = threading.Lock()
@@ -185,7 +187,8 @@ class RemediationEngine:
 
     def _context(self) -> Context:
         return Context(settings=self.settings, breaker=self.breaker, placement=self.placement, fleet=self.fleet,
-                       counts=self.counts, now=to_datetime(self.clock.time()), on_order=self.recoveries.ordered)
+                       counts=self.counts, now=to_datetime(self.clock.time()), on_order=self.recoveries.ordered,
+                       excluded=self.excluded if self.settings.network_exclude_slow_nodes else dict)
 
     def _finish(self, incident_id: int | None, out: Outcome) -> Outcome:
         """After the commit: orders delivered, node actions carried out, incidents it found opened (a restart

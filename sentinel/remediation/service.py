@@ -75,9 +75,16 @@ class Context:
     now: datetime
     # told of each order as it is issued, before the commit: from then on the job's old ranks stop on purpose
     on_order: Callable[[int, int, float], None] = lambda job_id, attempt, at: None
+    # node → why the network tier keeps it out of placement (empty unless network_exclude_slow_nodes)
+    excluded: Callable[[], dict[str, str]] = dict
 
     def node_states(self) -> dict[str, str]:
-        return {n.name: n.state for n in self.fleet.all()}
+        """Each node's state for placement; an active node the network tier excludes reads "excluded"."""
+        out = {n.name: n.state for n in self.fleet.all()}
+        for name in self.excluded():
+            if out.get(name) == "active":
+                out[name] = "excluded"
+        return out
 
 
 @dataclass(frozen=True)

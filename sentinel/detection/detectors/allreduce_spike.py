@@ -9,6 +9,8 @@ from sentinel.detection.base import DetectionContext, Detector, Evaluation, regi
 from sentinel.detection.detectors._common import JobBaseline, Onsets, Placements, minutes
 from sentinel.incidents.findings import Finding, Subject
 from sentinel.live.jobs import WindowRates
+from sentinel.network.collective import CollectiveVerdict, verdict
+from sentinel.network.nics import port_alerts
 
 if TYPE_CHECKING:
     from sentinel.config import Settings
@@ -68,8 +70,9 @@ class AllreduceSpikeDetector(Detector):
             onset = self.onsets.hold(f"job={stats.job_id}", now)
             if now - onset >= persist:
                 places = places or Placements.of(ctx)
+                health = self._collective(ctx, places, stats.job_id, rates, now)
                 findings.append(self._finding(places, now, onset, stats.job_id, rates, base.median, base.points, series,
-                                              (now - recent - baseline_seconds, now - recent)))
+                                              (now - recent - baseline_seconds, now - recent), health))
         self.onsets.sweep()
         live = {stats.job_id for stats in jobs}
         for table in (self.series, self.rank_baseline):
@@ -86,8 +89,22 @@ class AllreduceSpikeDetector(Detector):
             elif not frozen:
                 usual[rank] += min(1.0, weight) * (share - usual[rank])
 
+    @staticmethod
+    def _collective(ctx: DetectionContext, places: Placements, job_id: int, rates: WindowRates,
+                    now: float) -> CollectiveVerdict:
+        """Slow link or slow rank (sentinel/network/collective.py), with what the network tier sees on the job's
+        nodes."""
+        rank_nodes = {r: n for r, (n, _) in places.ranks_of.get(job_id, {}).items() if n}
+        net = ctx.network
+        if net is None:
+            return verdict(rates.rank_shares, rank_nodes, rates.steps)
+        alerts = port_alerts(net.nics, net.rules, sorted(set(rank_nodes.values())))
+        return verdict(rates.rank_shares, rank_nodes, rates.steps, localisation=net.localisation(now),
+                       port_alerts=alerts)
+
     def _finding(self, places: Placements, now: float, onset: float, job_id: int, rates: WindowRates,
-                 base: float, points: int, series: JobBaseline, span: tuple[float, float]) -> Finding:
+                 base: float, points: int, series: JobBaseline, span: tuple[float, float],
+                 health: CollectiveVerdict) -> Finding:
         share = rates.allreduce_share
         usual = self.rank_baseline.get(job_id, {})
         rises = sorted(((now_share - usual.get(rank, base), rank, now_share)
@@ -106,12 +123,12 @@ class AllreduceSpikeDetector(Detector):
         return Finding(
             detector=self.name, key=f"job={job_id}", severity="warning",
             title=f"job {job_id}: all-reduce share {share:.0%} vs {base:.0%} usually",
-            layer="interconnect", subject=Subject(job_id=job_id),
+            layer="compute" if health.kind == "compute_straggler" else "interconnect", subject=Subject(job_id=job_id),
             seen=f"all-reduce takes {share:.0%} of step time over the last "
                  f"{minutes(self.option('recent_seconds', 60.0))} vs {base:.0%} before (+{(share - base) * 100:.0f} "
                  f"points, {share / base if base else float('inf'):.1f}×), for {now - onset:.0f} s; step time "
                  f"{rates.step_seconds:.3f} s" + (f" (usually {step_was:.3f} s)" if step_was else "")
-                 + f". Rose most: {describe(top)}.",
+                 + f". Rose most: {describe(top)}. Collective health: {health.summary}.",
             comparison=f"the job's own baseline: median share of {points} points over the previous "
                        f"{minutes(self.option('baseline_seconds', 1800.0))}, and each rank's usual share; rose "
                        f"least: {describe(least) or 'none'} (a rank whose share did not rise may be the one the "
@@ -119,7 +136,8 @@ class AllreduceSpikeDetector(Detector):
             evidence={"window": series.window("allreduce_share", now),
                       "ranks": [{"rank": rank, "node": places.rank(job_id, rank)[0], "share": round(s, 4),
                                  "usual": round(usual.get(rank, base), 4)} for _, rank, s in top],
-                      "baseline_share": round(base, 4), "recent_share": round(share, 4)},
+                      "baseline_share": round(base, 4), "recent_share": round(share, 4),
+                      "collective_health": health.as_evidence()},
             next_steps=[
                 "Measure the fabric between the named ranks' nodes with nccl-tests: `all_reduce_perf -b 8M -e 1G "
                 f"-f 2 -g 1` across {', '.join(nodes) or 'the job nodes'} and compare with a healthy pair",

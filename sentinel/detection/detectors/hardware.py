@@ -78,14 +78,14 @@ class HardwareEvents(Detector):
     def _accelerator_finding(self, ctx: DetectionContext, live: NodeLive, report: NodeReport, event: HardwareEvent,
                              entry: CatalogEntry, tasks: list[Assignment]) -> Finding:
         uuid = event.accelerator_uuid
-        values = {"node": live.name, "accelerator": uuid or "(node)", "xid": event.xid}
+        values = {"node": live.name, "accelerator": uuid or "(node)", "xid": event.xid, "nic": event.nic or "?"}
         what = f"XID {event.xid} {entry.headline(**values)}" if event.kind == "xid" else entry.headline(**values)
         where = f"{uuid} on {live.name}" if uuid else live.name
         earlier = [f for f in ctx.history.recent(event.observed_at, accelerator=uuid, node=live.name)
                    if f.at < event.observed_at] if uuid else []
         node_faults = [f for f in ctx.history.recent(event.observed_at, node=live.name) if f.at < event.observed_at]
         latest = ctx.samples.latest(uuid) if uuid else None
-        seen = f"{what} on accelerator {where} at {_when(event.observed_at)}{_times(event)}" \
+        seen = f"{what} on {'accelerator ' if uuid else 'node '}{where} at {_when(event.observed_at)}{_times(event)}" \
                f" (agent report seq {report.seq}). {entry.explanation}"
         if event.message:
             seen += f" Agent said: {event.message}"
@@ -97,7 +97,8 @@ class HardwareEvents(Detector):
             history += "; the latest: " + ", ".join(f"{_xid(f)} at {_when(f.at)}" for f in earlier[-3:])
         return Finding(
             detector=self.name,
-            key=f"node={live.name}|accelerator={uuid or '-'}|{event.kind}={'' if event.xid is None else event.xid}",
+            key=f"node={live.name}|accelerator={uuid or '-'}|{event.kind}={'' if event.xid is None else event.xid}"
+                + (f"|nic={event.nic}" if event.nic else ""),
             severity=entry.severity, title=f"{what} on {where}", layer=entry.layer,
             subject=Subject(node=live.name, accelerator=uuid,
                             job_id=tasks[0].job_id if len(tasks) == 1 else None,

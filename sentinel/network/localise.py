@@ -1,0 +1,157 @@
+"""From the pair matrix to a place: the bad link, the bad node, the bad domain (rack, switch).
+
+A pair (either direction) is *bad* when it lost at least `loss_ratio` of its probes, or its median RTT is
+above both `rtt_seconds` and `rtt_factor` × the fleet's median pair RTT. Then, in this order:
+
+* a **domain** (the nodes sharing a value of one of `domain_labels`, e.g. rack=r7) is bad when it has at least
+  two nodes and either `node_share` of them are bad, or `node_share` of the pairs leaving it (at least
+  `min_peers` measured) are bad while at least two of its nodes have such pairs: its switch or uplink, not its
+  nodes (with only two domains an uplink fault looks the same from both sides, and both are named);
+* a **node** is bad when at least `min_peers` peers were measured with it and `node_share` of them are bad:
+  all its pairs are bad, so its own link or host is (a node whose every pair is lost is *unreachable*);
+* a **link** is a bad pair whose two ends are otherwise fine: each has at least `min_peers - 1` other peers
+  measured, and most of those are good (Pingmesh's reading: one pair slow while both ends talk to everyone
+  else at the usual speed). A bad pair with too few other measurements is a *suspect*, not yet a link.
+
+When more than half of the measured nodes are bad, or more than half of the pairs that touch no bad node are
+lossy or above `rtt_seconds`, the cause is shared (the management network, the probing hosts themselves):
+`fleet_wide` is set and nothing smaller is named. (The relative test cannot see a fleet-wide slowdown: the
+fleet's median moves with it.)
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections import defaultdict
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+
+from sentinel.network.matrix import PairStats
+
+
+@dataclass(frozen=True)
+class Thresholds:
+    rtt_seconds: float = 0.002
+    rtt_factor: float = 4.0
+    loss_ratio: float = 0.2
+    min_peers: int = 3
+    node_share: float = 0.75
+
+
+@dataclass(frozen=True)
+class Link:
+    a: str
+    b: str
+    rtt_seconds: float | None  # the worse direction's median
+    loss_ratio: float
+    confident: bool  # both ends measured well enough to clear them
+
+    @property
+    def name(self) -> str:
+        return f"{self.a}↔{self.b}"
+
+
+@dataclass(frozen=True)
+class BadNode:
+    node: str
+    bad_peers: int
+    measured_peers: int
+    unreachable: bool  # every pair lost everything
+
+
+@dataclass(frozen=True)
+class BadDomain:
+    label: str
+    value: str
+    bad_nodes: list[str]
+    nodes: int
+
+
+@dataclass
+class Localisation:
+    baseline_rtt_seconds: float | None  # the fleet's median pair RTT
+    pairs: int
+    bad_pairs: int
+    links: list[Link] = field(default_factory=list)
+    nodes: list[BadNode] = field(default_factory=list)
+    domains: list[BadDomain] = field(default_factory=list)
+    fleet_wide: bool = False
+
+
+def is_bad(pair: PairStats, baseline: float | None, t: Thresholds) -> bool:
+    if pair.sent and pair.loss_ratio >= t.loss_ratio:
+        return True
+    if pair.rtt_p50_seconds is None:
+        return False
+    limit = max(t.rtt_seconds, t.rtt_factor * baseline) if baseline is not None else t.rtt_seconds
+    return pair.rtt_p50_seconds > limit
+
+
+def localise(pairs: list[PairStats], labels: dict[str, dict[str, str]], domain_labels: Iterable[str],
+             t: Thresholds) -> Localisation:
+    rtts = [p.rtt_p50_seconds for p in pairs if p.rtt_p50_seconds is not None]
+    baseline = statistics.median(rtts) if rtts else None
+    by_peer: dict[frozenset[str], list[PairStats]] = defaultdict(list)
+    for p in pairs:
+        by_peer[frozenset((p.source, p.target))].append(p)
+    bad = {key for key, both in by_peer.items() if any(is_bad(p, baseline, t) for p in both)}
+    out = Localisation(baseline_rtt_seconds=baseline, pairs=len(by_peer), bad_pairs=len(bad))
+    peers: dict[str, set[str]] = defaultdict(set)
+    bad_peers: dict[str, set[str]] = defaultdict(set)
+    for key in by_peer:
+        a, b = sorted(key)
+        peers[a].add(b)
+        peers[b].add(a)
+        if key in bad:
+            bad_peers[a].add(b)
+            bad_peers[b].add(a)
+    bad_nodes = {n for n, seen in peers.items()
+                 if len(seen) >= t.min_peers and len(bad_peers[n]) >= t.node_share * len(seen)}
+    clear = [both for key, both in by_peer.items() if not key & bad_nodes]
+    absolute = sum(1 for both in clear if any(is_bad(p, None, t) for p in both))
+    if len(peers) >= 4 and (len(bad_nodes) > len(peers) / 2 or absolute > len(clear) / 2):
+        out.fleet_wide = True
+        return out
+    out.domains = _domains(bad_nodes, bad, peers, labels, domain_labels, t)
+    in_bad_domain = {n for d in out.domains for n in d.bad_nodes}
+    for n in sorted(bad_nodes - in_bad_domain):
+        lost = all(p.received == 0 for key in by_peer if n in key for p in by_peer[key])
+        out.nodes.append(BadNode(n, len(bad_peers[n]), len(peers[n]), unreachable=lost))
+    for key in sorted(bad, key=sorted):
+        a, b = sorted(key)
+        if {a, b} & (bad_nodes | in_bad_domain):
+            continue
+        both = by_peer[key]
+        rtt = max((p.rtt_p50_seconds for p in both if p.rtt_p50_seconds is not None), default=None)
+        sent, received = sum(p.sent for p in both), sum(p.received for p in both)
+        confident = all(_others_fine(n, other, peers, bad_peers, t) for n, other in ((a, b), (b, a)))
+        out.links.append(Link(a, b, rtt, 1.0 - received / sent if sent else 0.0, confident))
+    return out
+
+
+def _others_fine(node: str, other: str, peers: dict[str, set[str]], bad_peers: dict[str, set[str]],
+                 t: Thresholds) -> bool:
+    rest = peers[node] - {other}
+    return len(rest) >= max(1, t.min_peers - 1) and len(bad_peers[node] - {other}) < len(rest) / 2
+
+
+def _domains(bad_nodes: set[str], bad: set[frozenset[str]], peers: dict[str, set[str]],
+             labels: dict[str, dict[str, str]], domain_labels: Iterable[str], t: Thresholds) -> list[BadDomain]:
+    found = []
+    for label in domain_labels:
+        members: dict[str, list[str]] = defaultdict(list)
+        for node, node_labels in labels.items():
+            if label in node_labels:
+                members[node_labels[label]].append(node)
+        for value, nodes in sorted(members.items()):
+            inside = set(nodes)
+            cross = {frozenset((n, p)) for n in nodes for p in peers.get(n, ()) if p not in inside}
+            cross_bad = cross & bad
+            reached = sorted({n for pair in cross_bad for n in pair if n in inside})
+            hit = sorted(n for n in nodes if n in bad_nodes)
+            if len(nodes) >= 2 and len(hit) >= 2 and len(hit) >= t.node_share * len(nodes):
+                found.append(BadDomain(label, value, hit, len(nodes)))
+            elif len(nodes) >= 2 and len(cross) >= t.min_peers and len(reached) >= 2 \
+                    and len(cross_bad) >= t.node_share * len(cross):
+                found.append(BadDomain(label, value, reached, len(nodes)))
+    return found

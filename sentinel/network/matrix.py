@@ -1,0 +1,132 @@
+"""The probe-mesh matrix: what each agent measured to each peer, kept for a window.
+
+Fed by reports (`NodeReport.probes`); read by the localisation (localise.py), the interconnect detectors,
+`GET /api/v1/network/matrix` and `sentinel_network_probe_rtt_seconds`. Memory is O(pairs probed within the
+window): with k peers per node and targets rotating every round, about N·k·(window ÷ round) pairs.
+"""
+
+from __future__ import annotations
+
+import statistics
+import threading
+from collections import deque
+from dataclasses import dataclass
+
+from sentinel.telemetry.schemas import ProbeResult
+
+MAX_RESULTS_PER_PAIR = 64
+
+
+@dataclass(frozen=True)
+class Sample:
+    at: float  # when the window the agent measured ended (its wall clock)
+    received_at: float  # when the server took it
+    sent: int
+    received: int
+    p50: float | None
+    p99: float | None
+
+
+@dataclass(frozen=True)
+class PairStats:
+    """One ordered pair (source probed target) over the window."""
+
+    source: str
+    target: str
+    sent: int
+    received: int
+    rtt_p50_seconds: float | None  # median of the windows' medians
+    rtt_p99_seconds: float | None  # the worst window's p99
+    last_at: float
+    last_lost: bool  # the newest window got nothing back
+
+    @property
+    def loss_ratio(self) -> float:
+        return 1.0 - self.received / self.sent if self.sent else 0.0
+
+
+class ProbeMatrix:
+    def __init__(self, window_seconds: float):
+        self.window_seconds = window_seconds
+        self._lock = threading.Lock()
+        self._pairs: dict[tuple[str, str], deque[Sample]] = {}
+        self._probers: dict[str, set[str]] = {}  # target → the sources with samples about it
+        self.results_total = 0
+
+    def add(self, source: str, results: list[ProbeResult], now: float) -> None:
+        with self._lock:
+            for r in results:
+                if r.target == source:
+                    continue
+                samples = self._pairs.get((source, r.target))
+                if samples is None:
+                    samples = self._pairs[(source, r.target)] = deque(maxlen=MAX_RESULTS_PER_PAIR)
+                    self._probers.setdefault(r.target, set()).add(source)
+                samples.append(Sample(r.ended_at, now, r.sent, r.received, r.rtt_p50_seconds, r.rtt_p99_seconds))
+                self.results_total += 1
+
+    def forget(self, node: str) -> None:
+        """A node left the fleet: its pairs go."""
+        with self._lock:
+            for pair in [p for p in self._pairs if node in p]:
+                self._drop(pair)
+
+    def prune(self, now: float) -> None:
+        cutoff = now - self.window_seconds
+        with self._lock:
+            for pair in list(self._pairs):
+                samples = self._pairs[pair]
+                while samples and samples[0].received_at < cutoff:
+                    samples.popleft()
+                if not samples:
+                    self._drop(pair)
+
+    def _drop(self, pair: tuple[str, str]) -> None:
+        del self._pairs[pair]
+        sources = self._probers.get(pair[1])
+        if sources is not None:
+            sources.discard(pair[0])
+            if not sources:
+                del self._probers[pair[1]]
+
+    def pairs(self, now: float, window_seconds: float | None = None) -> list[PairStats]:
+        cutoff = now - (window_seconds if window_seconds is not None else self.window_seconds)
+        with self._lock:
+            snapshot = [(pair, [s for s in samples if s.received_at >= cutoff])
+                        for pair, samples in self._pairs.items()]
+        return [_stats(source, target, kept) for (source, target), kept in snapshot if kept]
+
+    def targets(self) -> list[str]:
+        with self._lock:
+            return list(self._probers)
+
+    def towards(self, target: str, since: float) -> list[tuple[str, Sample]]:
+        """(source, sample) of every probe result about `target` taken since `since`, oldest first."""
+        with self._lock:
+            found = [(source, s) for source in self._probers.get(target, ())
+                     for s in self._pairs[(source, target)] if s.received_at >= since]
+        return sorted(found, key=lambda item: item[1].received_at)
+
+
+def _stats(source: str, target: str, samples: list[Sample]) -> PairStats:
+    p50s = [s.p50 for s in samples if s.p50 is not None]
+    p99s = [s.p99 for s in samples if s.p99 is not None]
+    return PairStats(source=source, target=target, sent=sum(s.sent for s in samples),
+                     received=sum(s.received for s in samples),
+                     rtt_p50_seconds=statistics.median(p50s) if p50s else None,
+                     rtt_p99_seconds=max(p99s) if p99s else None, last_at=samples[-1].at,
+                     last_lost=samples[-1].received == 0)
+
+
+def unreachable(matrix: ProbeMatrix, target: str, since: float, min_probers: int) -> list[str]:
+    """The probers that lost every probe sent to `target` since `since`, when at least `min_probers` did and
+    none got an answer after the first of those losses (else [])."""
+    found = matrix.towards(target, since)
+    lost = [(source, s) for source, s in found if s.received == 0]
+    if not lost:
+        return []
+    first = lost[0][1].received_at
+    if any(s.received > 0 and s.received_at >= first for _, s in found):
+        return []
+    probers = sorted({source for source, _ in lost})
+    return probers if len(probers) >= min_probers else []
