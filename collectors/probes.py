@@ -115,23 +115,28 @@ class ProbeResponder:
 
 @dataclass
 class _Window:
+    """Consecutive probes of one target that all came back, or all did not: from the first one's time (its
+    answer, or its deadline when lost) to the last one's."""
+
     started_at: float
+    ended_at: float
     sent: int = 0
     rtts: list[float] = field(default_factory=list)
 
-    def result(self, target: str, ended_at: float) -> ProbeResult:
+    def result(self, target: str) -> ProbeResult:
         rtts = [min(60.0, r) for r in self.rtts]
         return ProbeResult(target=target, sent=self.sent, received=len(rtts),
                            rtt_p50_seconds=percentile(rtts, 0.5) if rtts else None,
                            rtt_p99_seconds=percentile(rtts, 0.99) if rtts else None,
                            rtt_max_seconds=max(rtts) if rtts else None,
-                           started_at=self.started_at, ended_at=max(ended_at, self.started_at))
+                           started_at=self.started_at, ended_at=self.ended_at)
 
 
 class Prober:
     def __init__(self, node: str, *, interval_seconds: float = 1.0, timeout_seconds: float = 0.3,
-                 on_loss: Callable[[str], None] | None = None):
+                 on_loss: Callable[[str], None] | None = None, max_targets: int = MAX_TARGETS):
         self.node = node
+        self.max_targets = max_targets
         self.interval_seconds = max(0.05, interval_seconds)
         self.timeout_seconds = min(max(0.01, timeout_seconds), self.interval_seconds)
         self.on_loss = on_loss
@@ -157,7 +162,7 @@ class Prober:
             if t.node == self.node or where is None:
                 continue
             chosen[t.node] = where
-            if len(chosen) >= MAX_TARGETS:
+            if len(chosen) >= self.max_targets:
                 break
         with self._lock:
             if chosen != self._targets:
@@ -185,12 +190,13 @@ class Prober:
                 self._sock(_family(where[0])).sendto(PACKET.pack(MAGIC, self._seq, self._nonce), where)
             outstanding[self._seq] = (node, time.monotonic(), where)
         rtts: dict[str, float | None] = dict.fromkeys(targets)
+        sent_at = time.time()
         deadline = time.monotonic() + self.timeout_seconds
         while outstanding and (left := deadline - time.monotonic()) > 0:
             ready, _, _ = select.select(list(self._socks.values()), [], [], left)
             for sock in ready:
                 self._receive(sock, outstanding, rtts)
-        self._account(rtts)
+        self._account(rtts, sent_at)
         return rtts
 
     def _receive(self, sock: socket.socket, outstanding: dict[int, tuple[str, float, tuple[str, int]]],
@@ -214,22 +220,25 @@ class Prober:
             del outstanding[seq]
             rtts[sent[0]] = at - sent[1]
 
-    def _account(self, rtts: dict[str, float | None]) -> None:
-        now = time.time()
+    def _account(self, rtts: dict[str, float | None], sent_at: float) -> None:
+        """Add one round to each target's window; a window is cut where the target starts or stops answering, so
+        the server can tell when a loss began from when the last answer came (sentinel/network/matrix.py)."""
         newly_lost: list[str] = []
         with self._lock:
             for node, rtt in rtts.items():
                 lost = rtt is None
+                at = sent_at + (self.timeout_seconds if rtt is None else rtt)  # the answer, or the deadline
                 before = self._lost_last.get(node)
                 window = self._open.get(node)
-                if window is not None and window.sent and before is not None and before != lost:
-                    self._closed.append(window.result(node, now))  # cut at the change: loss gets its own window
+                if window is not None and before is not None and before != lost:
+                    self._closed.append(window.result(node))
                     window = None
                 if lost and before is not True:
                     newly_lost.append(node)
                 if window is None:
-                    window = self._open[node] = _Window(started_at=now)
+                    window = self._open[node] = _Window(started_at=at, ended_at=at)
                 window.sent += 1
+                window.ended_at = max(window.ended_at, at)
                 if rtt is not None:
                     window.rtts.append(rtt)
                 self._lost_last[node] = lost
@@ -241,11 +250,10 @@ class Prober:
 
     def drain(self) -> list[ProbeResult]:
         """Every window since the last drain, the open ones closed: what the next report carries."""
-        now = time.time()
         with self._lock:
-            out = self._closed + [w.result(n, now) for n, w in sorted(self._open.items()) if w.sent]
+            out = self._closed + [w.result(n) for n, w in sorted(self._open.items())]
             self._closed = []
-            self._open = {n: _Window(started_at=now) for n in self._open if n in self._targets}
+            self._open = {}
             self._lost_last = {n: v for n, v in self._lost_last.items() if n in self._targets}
         return out[-256:]  # the wire schema's bound on NodeReport.probes
 

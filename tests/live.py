@@ -30,10 +30,12 @@ def sentinel_cmd(*args: str) -> list[str]:
 
 
 class LiveServer:
-    def __init__(self, data_dir: Path, database_url: str, extra_env: dict[str, str] | None = None):
+    def __init__(self, data_dir: Path, database_url: str, extra_env: dict[str, str] | None = None,
+                 host: str = "127.0.0.1"):
         self.data_dir = data_dir
+        self.host = host  # another address only for a lab's bridge (tests/network/netlab.py)
         self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
+        self.url = f"http://{host}:{self.port}"
         self.env = {**os.environ, "SENTINEL_DATA_DIR": str(data_dir), "SENTINEL_DATABASE_URL": database_url,
                     **(extra_env or {})}
         self.proc: subprocess.Popen[bytes] | None = None
@@ -42,7 +44,7 @@ class LiveServer:
     def start(self, timeout: float = 60.0) -> LiveServer:
         self.data_dir.mkdir(parents=True, exist_ok=True)
         log = open(self.log_path, "ab")  # noqa: SIM115 - the child keeps it
-        self.proc = subprocess.Popen(sentinel_cmd("server", "--host", "127.0.0.1", "--port", str(self.port)),
+        self.proc = subprocess.Popen(sentinel_cmd("server", "--host", self.host, "--port", str(self.port)),
                                      env=self.env, stdout=log, stderr=log)
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:

@@ -87,56 +87,86 @@ def is_bad(pair: PairStats, baseline: float | None, t: Thresholds) -> bool:
     return pair.rtt_p50_seconds > limit
 
 
+class _Graph:
+    """The probed pairs by direction, so that only the nodes near a suspect pair are ever looked at closely:
+    a pair can be bad only when it lost probes or is above `rtt_seconds` (the relative limit is never lower),
+    so the full pass over the window's pairs is a dict insert per pair and the rest scales with the suspects."""
+
+    def __init__(self, pairs: list[PairStats], t: Thresholds):
+        self.fwd: dict[str, dict[str, PairStats]] = defaultdict(dict)
+        self.rev: dict[str, dict[str, PairStats]] = defaultdict(dict)
+        self.suspects: set[tuple[str, str]] = set()
+        for p in pairs:
+            self.fwd[p.source][p.target] = p
+            self.rev[p.target][p.source] = p
+            if (p.sent and p.loss_ratio >= t.loss_ratio) or (p.rtt_p50_seconds or 0.0) > t.rtt_seconds:
+                self.suspects.add(_key(p.source, p.target))
+        mutual = sum(1 for p in pairs if p.source in self.fwd.get(p.target, ()))
+        self.unordered = len(pairs) - mutual // 2
+        self.nodes = set(self.fwd) | set(self.rev)
+        self._peers: dict[str, set[str]] = {}
+
+    def peers(self, node: str) -> set[str]:
+        seen = self._peers.get(node)
+        if seen is None:
+            seen = self._peers[node] = set(self.fwd.get(node, ())) | set(self.rev.get(node, ()))
+        return seen
+
+    def both(self, key: tuple[str, str]) -> list[PairStats]:
+        a, b = key
+        return [p for p in (self.fwd.get(a, {}).get(b), self.fwd.get(b, {}).get(a)) if p is not None]
+
+
 def localise(pairs: list[PairStats], labels: dict[str, dict[str, str]], domain_labels: Iterable[str],
              t: Thresholds) -> Localisation:
     rtts = [p.rtt_p50_seconds for p in pairs if p.rtt_p50_seconds is not None]
     baseline = statistics.median(rtts) if rtts else None
-    by_peer: dict[frozenset[str], list[PairStats]] = defaultdict(list)
-    for p in pairs:
-        by_peer[frozenset((p.source, p.target))].append(p)
-    bad = {key for key, both in by_peer.items() if any(is_bad(p, baseline, t) for p in both)}
-    out = Localisation(baseline_rtt_seconds=baseline, pairs=len(by_peer), bad_pairs=len(bad))
-    peers: dict[str, set[str]] = defaultdict(set)
+    g = _Graph(pairs, t)
+    bad = {key for key in g.suspects if any(is_bad(p, baseline, t) for p in g.both(key))}
+    out = Localisation(baseline_rtt_seconds=baseline, pairs=g.unordered, bad_pairs=len(bad))
     bad_peers: dict[str, set[str]] = defaultdict(set)
-    for key in by_peer:
-        a, b = sorted(key)
-        peers[a].add(b)
-        peers[b].add(a)
-        if key in bad:
-            bad_peers[a].add(b)
-            bad_peers[b].add(a)
-    bad_nodes = {n for n, seen in peers.items()
-                 if len(seen) >= t.min_peers and len(bad_peers[n]) >= t.node_share * len(seen)}
-    clear = [both for key, both in by_peer.items() if not key & bad_nodes]
-    absolute = sum(1 for both in clear if any(is_bad(p, None, t) for p in both))
-    if len(peers) >= 4 and (len(bad_nodes) > len(peers) / 2 or absolute > len(clear) / 2):
+    for a, b in bad:
+        bad_peers[a].add(b)
+        bad_peers[b].add(a)
+    bad_nodes = {n for n, hit in bad_peers.items()
+                 if len(g.peers(n)) >= t.min_peers and len(hit) >= t.node_share * len(g.peers(n))}
+    touching = {_key(n, o) for n in bad_nodes for o in g.peers(n)}
+    clear = g.unordered - len(touching)
+    absolute = sum(1 for key in g.suspects - touching if any(is_bad(p, None, t) for p in g.both(key)))
+    if len(g.nodes) >= 4 and (len(bad_nodes) > len(g.nodes) / 2 or absolute > clear / 2):
         out.fleet_wide = True
         return out
-    out.domains = _domains(bad_nodes, bad, peers, labels, domain_labels, t)
+    out.domains = _domains(bad_nodes, bad, g, labels, domain_labels, t)
     in_bad_domain = {n for d in out.domains for n in d.bad_nodes}
     for n in sorted(bad_nodes - in_bad_domain):
-        lost = all(p.received == 0 for key in by_peer if n in key for p in by_peer[key])
-        out.nodes.append(BadNode(n, len(bad_peers[n]), len(peers[n]), unreachable=lost))
-    for key in sorted(bad, key=sorted):
-        a, b = sorted(key)
-        if {a, b} & (bad_nodes | in_bad_domain):
+        lost = all(p.received == 0 for other in g.peers(n) for p in g.both(_key(n, other)))
+        out.nodes.append(BadNode(n, len(bad_peers[n]), len(g.peers(n)), unreachable=lost))
+    placed = bad_nodes | in_bad_domain
+    for key in sorted(bad):
+        a, b = key
+        if a in placed or b in placed:
             continue
-        both = by_peer[key]
+        both = g.both(key)
         rtt = max((p.rtt_p50_seconds for p in both if p.rtt_p50_seconds is not None), default=None)
         sent, received = sum(p.sent for p in both), sum(p.received for p in both)
-        confident = all(_others_fine(n, other, peers, bad_peers, t) for n, other in ((a, b), (b, a)))
+        confident = all(_others_fine(n, other, g.peers(n), bad_peers, t) for n, other in ((a, b), (b, a)))
         out.links.append(Link(a, b, rtt, 1.0 - received / sent if sent else 0.0, confident))
     return out
 
 
-def _others_fine(node: str, other: str, peers: dict[str, set[str]], bad_peers: dict[str, set[str]],
-                 t: Thresholds) -> bool:
-    rest = peers[node] - {other}
+def _others_fine(node: str, other: str, peers: set[str], bad_peers: dict[str, set[str]], t: Thresholds) -> bool:
+    rest = peers - {other}
     return len(rest) >= max(1, t.min_peers - 1) and len(bad_peers[node] - {other}) < len(rest) / 2
 
 
-def _domains(bad_nodes: set[str], bad: set[frozenset[str]], peers: dict[str, set[str]],
-             labels: dict[str, dict[str, str]], domain_labels: Iterable[str], t: Thresholds) -> list[BadDomain]:
+def _key(a: str, b: str) -> tuple[str, str]:
+    return (a, b) if a < b else (b, a)
+
+
+def _domains(bad_nodes: set[str], bad: set[tuple[str, str]], g: _Graph, labels: dict[str, dict[str, str]],
+             domain_labels: Iterable[str], t: Thresholds) -> list[BadDomain]:
+    """Only a domain that holds an end of a bad pair can be named, so only those are looked at."""
+    ends = {n for key in bad for n in key}
     found = []
     for label in domain_labels:
         members: dict[str, list[str]] = defaultdict(list)
@@ -144,14 +174,15 @@ def _domains(bad_nodes: set[str], bad: set[frozenset[str]], peers: dict[str, set
             if label in node_labels:
                 members[node_labels[label]].append(node)
         for value, nodes in sorted(members.items()):
+            if len(nodes) < 2 or sum(1 for n in nodes if n in ends) < 2:
+                continue
             inside = set(nodes)
-            cross = {frozenset((n, p)) for n in nodes for p in peers.get(n, ()) if p not in inside}
+            cross = {_key(n, p) for n in nodes for p in g.peers(n) if p not in inside}
             cross_bad = cross & bad
             reached = sorted({n for pair in cross_bad for n in pair if n in inside})
             hit = sorted(n for n in nodes if n in bad_nodes)
-            if len(nodes) >= 2 and len(hit) >= 2 and len(hit) >= t.node_share * len(nodes):
+            if len(hit) >= 2 and len(hit) >= t.node_share * len(nodes):
                 found.append(BadDomain(label, value, hit, len(nodes)))
-            elif len(nodes) >= 2 and len(cross) >= t.min_peers and len(reached) >= 2 \
-                    and len(cross_bad) >= t.node_share * len(cross):
+            elif len(cross) >= t.min_peers and len(reached) >= 2 and len(cross_bad) >= t.node_share * len(cross):
                 found.append(BadDomain(label, value, reached, len(nodes)))
     return found

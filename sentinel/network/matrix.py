@@ -20,6 +20,7 @@ MAX_RESULTS_PER_PAIR = 64
 @dataclass(frozen=True)
 class Sample:
     at: float  # when the window the agent measured ended (its wall clock)
+    started: float  # and when it began: a prober cuts its window where a peer stops answering
     received_at: float  # when the server took it
     sent: int
     received: int
@@ -51,6 +52,9 @@ class ProbeMatrix:
         self._lock = threading.Lock()
         self._pairs: dict[tuple[str, str], deque[Sample]] = {}
         self._probers: dict[str, set[str]] = {}  # target → the sources with samples about it
+        # each pair's stats over the whole window, kept until it gets a sample or loses one: in a round only
+        # the pairs probed in it change (about window ÷ round of those held), so the rest are not recomputed
+        self._stats: dict[tuple[str, str], PairStats] = {}
         self.results_total = 0
 
     def add(self, source: str, results: list[ProbeResult], now: float) -> None:
@@ -62,7 +66,9 @@ class ProbeMatrix:
                 if samples is None:
                     samples = self._pairs[(source, r.target)] = deque(maxlen=MAX_RESULTS_PER_PAIR)
                     self._probers.setdefault(r.target, set()).add(source)
-                samples.append(Sample(r.ended_at, now, r.sent, r.received, r.rtt_p50_seconds, r.rtt_p99_seconds))
+                samples.append(Sample(r.ended_at, r.started_at, now, r.sent, r.received, r.rtt_p50_seconds,
+                                      r.rtt_p99_seconds))
+                self._stats.pop((source, r.target), None)
                 self.results_total += 1
 
     def forget(self, node: str) -> None:
@@ -76,6 +82,8 @@ class ProbeMatrix:
         with self._lock:
             for pair in list(self._pairs):
                 samples = self._pairs[pair]
+                if samples and samples[0].received_at < cutoff:
+                    self._stats.pop(pair, None)
                 while samples and samples[0].received_at < cutoff:
                     samples.popleft()
                 if not samples:
@@ -83,6 +91,7 @@ class ProbeMatrix:
 
     def _drop(self, pair: tuple[str, str]) -> None:
         del self._pairs[pair]
+        self._stats.pop(pair, None)
         sources = self._probers.get(pair[1])
         if sources is not None:
             sources.discard(pair[0])
@@ -90,11 +99,25 @@ class ProbeMatrix:
                 del self._probers[pair[1]]
 
     def pairs(self, now: float, window_seconds: float | None = None) -> list[PairStats]:
-        cutoff = now - (window_seconds if window_seconds is not None else self.window_seconds)
+        whole = window_seconds is None or window_seconds >= self.window_seconds
+        cutoff = now - (self.window_seconds if window_seconds is None else window_seconds)
+        out: list[PairStats] = []
         with self._lock:
-            snapshot = [(pair, [s for s in samples if s.received_at >= cutoff])
-                        for pair, samples in self._pairs.items()]
-        return [_stats(source, target, kept) for (source, target), kept in snapshot if kept]
+            for pair, samples in self._pairs.items():
+                if not samples:
+                    continue
+                inside = samples[0].received_at >= cutoff
+                if whole and inside and (cached := self._stats.get(pair)) is not None:
+                    out.append(cached)
+                    continue
+                kept = list(samples) if inside else [s for s in samples if s.received_at >= cutoff]
+                if not kept:
+                    continue
+                stats = _stats(pair[0], pair[1], kept)
+                if whole and inside:
+                    self._stats[pair] = stats
+                out.append(stats)
+        return out
 
     def targets(self) -> list[str]:
         with self._lock:
@@ -120,13 +143,16 @@ def _stats(source: str, target: str, samples: list[Sample]) -> PairStats:
 
 def unreachable(matrix: ProbeMatrix, target: str, since: float, min_probers: int) -> list[str]:
     """The probers that lost every probe sent to `target` since `since`, when at least `min_probers` did and
-    none got an answer after the first of those losses (else [])."""
+    no prober's window that got an answer ended after the first lost window began (else []).
+
+    Windows are compared on the agents' clocks, not on arrival: the report that carries a prober's first loss
+    also carries its window of answers before it, and both arrive at once."""
     found = matrix.towards(target, since)
     lost = [(source, s) for source, s in found if s.received == 0]
     if not lost:
         return []
-    first = lost[0][1].received_at
-    if any(s.received > 0 and s.received_at >= first for _, s in found):
+    first = min(s.started for _, s in lost)
+    if any(s.received > 0 and s.at > first for _, s in found):
         return []
     probers = sorted({source for source, _ in lost})
     return probers if len(probers) >= min_probers else []

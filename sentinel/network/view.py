@@ -1,5 +1,5 @@
 """The network tier's live state on the leader: the probe plan, the pair matrix, the RDMA ports, and the
-latest localisation (recomputed at most once per `LOCALISE_SECONDS`, whoever asks).
+latest localisation (probe_mesh recomputes it twice a probe round; other readers reuse it for half a round).
 
 Fed by registration (a node's labels: its probe address and its domains) and by reports (`probes`, `nics`);
 read by the interconnect detectors, the remediation's placement exclusion, the API and /metrics.
@@ -82,7 +82,8 @@ class NetworkView:
         with self._lock:
             cached = self._localised
             labels = dict(self.labels)
-        if cached is not None and not fresh and 0 <= now - cached[0] < LOCALISE_SECONDS:
+        ttl = max(LOCALISE_SECONDS, self.plan.round_seconds / 2)  # probe_mesh recomputes it that often
+        if cached is not None and not fresh and 0 <= now - cached[0] < ttl:
             return cached[1]
         found = localise(self.matrix.pairs(now), labels, self.domain_labels, self.thresholds)
         with self._lock:

@@ -51,6 +51,8 @@ def test_a_peer_that_stops_answering_is_a_loss_in_a_window_of_its_own(responder:
     answered, silent = prober.drain()
     assert (answered.sent, answered.received) == (1, 1)
     assert (silent.sent, silent.received, silent.rtt_p50_seconds, silent.loss_ratio) == (2, 0, None, 1.0)
+    # the last answer came before the first loss's deadline: the server orders them on these times
+    assert answered.started_at <= answered.ended_at < silent.started_at <= silent.ended_at
     assert prober.lost_total == 2
     prober.close()
 

@@ -12,6 +12,7 @@ import sys
 import threading
 import time
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pynvml
@@ -19,9 +20,11 @@ import pytest
 
 import collectors.host
 import collectors.nvml
+import collectors.rdma
 import collectors.sim  # noqa: F401 - the built-in sources register themselves on import
 from collectors.base import Collector, Readings, SourceUnavailable, create, registered
 from sentinel.telemetry.schemas import AcceleratorInfo, Assignment, HardwareEvent, NodeRegistration, NodeReport
+from tests.collectors.rdma_tree import HW_COUNTERS, RdmaTree
 from tests.contracts.conftest import implementations
 
 NODE = "contract-node"
@@ -71,8 +74,19 @@ def name(request: pytest.FixtureRequest) -> str:
 
 
 @pytest.fixture
-def source(name: str) -> Iterator[Collector]:
-    created = create(name, NODE)
+def spec(name: str, tmp_path: Path) -> str:
+    """How the agent would name the source here: rdma reads a fixture sysfs tree (this machine has no HCA)."""
+    if name == "rdma":
+        tree = RdmaTree(tmp_path / "sys")
+        tree.add_port("mlx5_0", 1, hw_counters=dict(HW_COUNTERS))
+        tree.add_port("mlx5_1", 1, link_layer="Ethernet")
+        return f"rdma:{tree.root}"
+    return name
+
+
+@pytest.fixture
+def source(spec: str) -> Iterator[Collector]:
+    created = create(spec, NODE)
     try:
         yield created
     finally:
@@ -134,9 +148,12 @@ def check_readings(readings: Any, source: Collector) -> list[str]:
         assert math.isfinite(number), f"{path} = {number}"
         if path.endswith("_ratio"):
             assert 0.0 <= number <= 1.0, f"{path} = {number}"
-    report = NodeReport(node=NODE, seq=1, sent_at=time.time(), host=readings.host, accelerators=readings.accelerators)
+    if readings.nics:
+        dumped["nics"] = [p.model_dump() for p in readings.nics]
+    report = NodeReport(node=NODE, seq=1, sent_at=time.time(), host=readings.host, accelerators=readings.accelerators,
+                        nics=readings.nics)
     sent = NodeReport.model_validate_json(report.model_dump_json(exclude_none=True))  # as Agent.report_now spools it
-    assert sent.accelerators == readings.accelerators and sent.host == readings.host
+    assert sent.accelerators == readings.accelerators and sent.host == readings.host and sent.nics == readings.nics
     return uuids
 
 
@@ -179,14 +196,14 @@ def test_accelerators_are_described_once_each_and_register(source: Collector):
     assert NodeRegistration.model_validate_json(registration.model_dump_json()).accelerators == infos
 
 
-def test_a_source_reports_on_the_host_or_on_accelerators_never_both(source: Collector):
-    """The agent keeps the last host metrics it is given: an accelerator source reporting the host would hide the
-    host source's. And a source that reports neither is of no use."""
+def test_a_source_reports_on_one_thing_the_host_accelerators_or_nic_ports(source: Collector):
+    """The agent keeps the last host metrics it is given: an accelerator or NIC source reporting the host would hide
+    the host source's. And a source that reports nothing is of no use."""
     readings = source.collect([])
-    if source.accelerators():
-        assert readings.host is None
-    else:
-        assert readings.host is not None and readings.accelerators == []
+    reported = [bool(readings.host), bool(source.accelerators()), bool(readings.nics)]
+    assert reported.count(True) == 1, f"host / accelerators / nics: {reported}"
+    if not source.accelerators():
+        assert readings.accelerators == []
 
 
 # ---- collecting --------------------------------------------------------------------------------------------
@@ -213,13 +230,13 @@ def test_collecting_again_reports_the_same_accelerators(source: Collector, assig
 # ---- lifecycle ---------------------------------------------------------------------------------------------
 
 
-def test_start_collect_close_and_close_again(name: str):
+def test_start_collect_close_and_close_again(spec: str):
     """As the agent runs a source: start with its event sink, collect, then close on stop, perhaps twice.
     Closing stops every thread the source started; whatever it emitted is a HardwareEvent about its own
     accelerators (or none in particular)."""
     threads_before = set(threading.enumerate())
     sink = RecordingSink()
-    source = create(name, NODE)
+    source = create(spec, NODE)
     try:
         source.start(sink)
         check_readings(source.collect([]), source)
@@ -235,10 +252,10 @@ def test_start_collect_close_and_close_again(name: str):
         assert event.accelerator_uuid is None or event.accelerator_uuid in own, event
 
 
-def test_close_without_start_is_safe_and_idempotent(name: str):
+def test_close_without_start_is_safe_and_idempotent(spec: str):
     """The agent closes every source it created on stop, started or not."""
     threads_before = set(threading.enumerate())
-    source = create(name, NODE)
+    source = create(spec, NODE)
     source.close()
     source.close()
     assert [t.name for t in threading.enumerate() if t not in threads_before and t.is_alive()] == []
