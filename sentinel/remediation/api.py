@@ -16,7 +16,7 @@ from sentinel.auth.deps import LAUNCH, OPERATE, READ, allow
 from sentinel.auth.service import Principal
 from sentinel.clock import to_datetime
 from sentinel.db import transaction
-from sentinel.deps import IdPath, IdQuery, IncidentLog, Live, Remediation, ServerClock, Sessions, not_found
+from sentinel.deps import IdPath, IdQuery, IncidentLog, Remediation, ServerClock, Sessions, not_found
 from sentinel.errors import CONFLICT
 from sentinel.jobs.service import JobNotFound, get_job
 from sentinel.nodes.service import agent_urls
@@ -105,7 +105,7 @@ def ack_order(order_id: str, sessions: Sessions, clock: ServerClock, incidents: 
 
 
 @router.post("/jobs/{job_id}/placement", response_model=list[PlacementSlot], responses=CONFLICT)
-def place_job(job_id: IdPath, sessions: Sessions, live: Live, remediation: Remediation, clock: ServerClock,
+def place_job(job_id: IdPath, sessions: Sessions, remediation: Remediation, clock: ServerClock,
               _: Annotated[Principal, Depends(allow(LAUNCH))],
               body: Annotated[PlacementAsk | None, Body()] = None) -> list[PlacementSlot]:
     """A first placement for every rank from the placement policy: healthy, free, same model, one node
@@ -119,7 +119,7 @@ def place_job(job_id: IdPath, sessions: Sessions, live: Live, remediation: Remed
             raise not_found(exc) from exc
         try:
             placement = service.first_placement(
-                session, remediation.placement, job, {n.name: n.state for n in live.fleet.all()},
+                session, remediation.placement, job, remediation.node_states(),
                 accelerators_per_rank=ask.accelerators_per_rank, avoid_nodes=frozenset(ask.avoid_nodes),
                 only_nodes=ask.nodes, now=to_datetime(clock.time()))
         except NoCapacity as exc:

@@ -185,6 +185,10 @@ class RemediationEngine:
             out = flow(session, self._context())
         return self._finish(incident_id, out)
 
+    def node_states(self) -> dict[str, str]:
+        """Each node's state for placement, "excluded" for one the network tier keeps out (when that is on)."""
+        return self._context().node_states()
+
     def _context(self) -> Context:
         return Context(settings=self.settings, breaker=self.breaker, placement=self.placement, fleet=self.fleet,
                        counts=self.counts, now=to_datetime(self.clock.time()), on_order=self.recoveries.ordered,
