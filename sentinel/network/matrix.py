@@ -119,6 +119,11 @@ class ProbeMatrix:
                 out.append(stats)
         return out
 
+    def history(self, source: str, target: str) -> list[Sample]:
+        """The windows `source` measured to `target`, oldest first."""
+        with self._lock:
+            return list(self._pairs.get((source, target), ()))
+
     def targets(self) -> list[str]:
         with self._lock:
             return list(self._probers)

@@ -30,7 +30,7 @@ from sentinel.live.fleet import NodeLive
 from sentinel.remediation import policy
 from sentinel.telemetry.schemas import NodeReport
 from tests.contracts.conftest import implementations
-from tests.detection import scenarios
+from tests.detection import network_scenarios, scenarios
 from tests.detection.scenarios import Outcome, Stream
 from tests.detection.streams import START, GiB, World, assert_dense, fired
 
@@ -60,6 +60,8 @@ TRUE_POSITIVES: dict[str, Callable[[], Outcome]] = {
     "lemon": scenarios.lemon,
     "memory": scenarios.leak,
     "mfu_drop": scenarios.mfu_drop,
+    "nic_counters": network_scenarios.symbol_errors,
+    "probe_mesh": network_scenarios.slow_links,
     "straggler": scenarios.straggler,
     "task_exit": scenarios.task_exit,
     "throttle": scenarios.throttle,
@@ -75,6 +77,8 @@ TWO_SUBJECTS: dict[str, Callable[[], Outcome]] = {
     "lemon": scenarios.lemon_pair,
     "memory": scenarios.memory_pair,
     "mfu_drop": lambda: scenarios.two_jobs(DETECTORS["mfu_drop"], lambda t, rank: 1.5 if t > 35 * 60 else 1.0),
+    "nic_counters": lambda: network_scenarios.symbol_errors(nodes=("node-x", "node-y")),
+    "probe_mesh": lambda: network_scenarios.slow_links(links=((1, 2), (4, 5)), nodes=8),
     "straggler": lambda: scenarios.two_jobs(DETECTORS["straggler"], lambda t, rank: 1.5 if rank else 1.0, seconds=120),
     "task_exit": lambda: scenarios.task_exit(jobs=(6, 8)),
     "throttle": scenarios.throttle_pair,
@@ -89,6 +93,8 @@ CLEARS: dict[str, Callable[[], Outcome]] = {
     "lemon": scenarios.lemon_ages_out,
     "memory": lambda: scenarios.memory(lambda i: 30 * GiB + i * 0.5 * GiB if i < 30 else 20 * GiB, samples=40),
     "mfu_drop": scenarios.mfu_drop_recovers,
+    "nic_counters": lambda: network_scenarios.symbol_errors(growing=lambda t: t <= 100, seconds=600.0),
+    "probe_mesh": lambda: network_scenarios.slow_links(until=lambda t: t <= 60, seconds=200.0),
     "straggler": lambda: scenarios.straggler(slow=lambda t: 1.5 if t <= 120 else 1.0, seconds=480.0),
     "task_exit": lambda: scenarios.task_exit(restart_at=90.0, seconds=120.0),
     "throttle": lambda: scenarios.throttle(pattern=[False] * 4 + [True] * 8 + [False] * 4),

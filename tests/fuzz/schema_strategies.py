@@ -1,8 +1,8 @@
 """Hypothesis strategies built from a pydantic model's own JSON schema: valid documents follow its constraints.
 
 Covers the JSON-schema subset pydantic writes for the wire models: objects (properties, required,
-additionalProperties), arrays and tuples (prefixItems), strings (pattern, lengths), numbers and integers
-(bounds, exclusive bounds), booleans, null, enum/const, anyOf and $ref.
+additionalProperties, a single patternProperties), arrays and tuples (prefixItems), strings (pattern, lengths),
+numbers and integers (bounds, exclusive bounds), booleans, null, enum/const, anyOf and $ref.
 """
 
 from __future__ import annotations
@@ -79,7 +79,12 @@ def _object(schema: dict[str, Any], defs: dict[str, Any]) -> st.SearchStrategy[d
     properties = schema.get("properties")
     if properties is None:
         values = schema.get("additionalProperties", {})
-        keys = _string(schema.get("propertyNames", {"type": "string"}))
+        names = dict(schema.get("propertyNames", {"type": "string"}))
+        patterns = schema.get("patternProperties", {})
+        if len(patterns) == 1:  # dict[ConstrainedKey, V]: keys match the pattern, values follow its schema
+            (pattern, values), = patterns.items()
+            names["pattern"] = pattern
+        keys = _string(names)
         return st.dictionaries(keys, _strategy(values if isinstance(values, dict) else {}, defs),
                                max_size=min(schema.get("maxProperties", MAX_ITEMS), MAX_ITEMS))
     required = set(schema.get("required", []))

@@ -5,6 +5,7 @@ Timings are asserted loosely here; benchmarks/network.py measures them."""
 
 from __future__ import annotations
 
+import subprocess
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -12,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from tests.collectors.rdma_tree import HW_COUNTERS, RdmaTree
-from tests.live import wait_for
+from tests.live import sentinel_cmd, wait_for
 from tests.network.mesh import Mesh, node_name, opened_after, wait_incident
 from tests.network.netlab import Lab
 
@@ -87,6 +88,17 @@ def test_a_nic_port_going_down_is_an_incident_and_drains_the_node(mesh: Mesh, tr
     wait_for(lambda: mesh.nodes()["n00"]["state"] in ("draining", "drained"), timeout=20, what="n00 drained")
     wait_for(lambda: any(p["state"] == "DOWN" for p in _ports(mesh)), timeout=20,
              what="the port reported DOWN")
+
+
+def test_the_cli_shows_the_mesh_and_the_ports(mesh: Mesh) -> None:
+    assert mesh.server is not None
+    remote = ["--server", mesh.server.url, "--token", mesh.server.admin_token]
+    shown = subprocess.run(sentinel_cmd("network", *remote), capture_output=True, text=True, timeout=60, check=True)
+    assert shown.stdout.startswith(f"probe mesh: {HOSTS} agents, 6 peers each per 2s round"), shown.stdout
+    assert "SOURCE" in shown.stdout and "RTT P50 MS" in shown.stdout
+    ports = subprocess.run(sentinel_cmd("network", *remote, "nics"), capture_output=True, text=True, timeout=60,
+                           check=True)
+    assert "n00" in ports.stdout and "mlx5_0/1" in ports.stdout and "1 port(s)" in ports.stdout, ports.stdout
 
 
 def _ports(mesh: Mesh) -> list[dict[str, object]]:

@@ -6,6 +6,7 @@ lives in sentinel/network/; these adapt it to findings.
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 from sentinel.detection.base import DetectionContext, Detector, Evaluation, register
@@ -41,7 +42,8 @@ class ProbeMeshDetector(Detector):
     probe of which was lost by at least `probe_unreachable_probers` peers is unreachable (critical; pages,
     drains nothing: a partition is a person's call). Twice a probe round, from the localisation over
     `probe_window_seconds`: a bad domain, a bad node, a slow link (warnings), or one fleet-wide finding.
-    Options: none of its own; thresholds are the probe_* settings."""
+    Each carries the probe results behind it as its metric window (RTT, or the share of probes answered).
+    Options (defaults): `every` (probe_round_seconds ÷ 2); the thresholds are the probe_* settings."""
 
     name = "probe_mesh"
     periodic = True
@@ -59,7 +61,8 @@ class ProbeMeshDetector(Detector):
             return []
         now = ctx.clock.time()
         lost = sorted({p.target for p in report.probes if p.received == 0})
-        return [f for target in lost if (f := self._unreachable(ctx, net, target, now)) is not None]
+        return [_with_window(f, net, now) for target in lost
+                if (f := self._unreachable(ctx, net, target, now)) is not None]
 
     def evaluate(self, ctx: DetectionContext, now: float) -> Evaluation:
         net = ctx.network
@@ -76,6 +79,7 @@ class ProbeMeshDetector(Detector):
             findings += [self._domain(d, found, pairs) for d in found.domains]
             findings += [self._node(n, found, pairs, net) for n in found.nodes if n.node not in held]
             findings += [self._link(link, found, pairs) for link in found.links if link.confident]
+        findings = [_with_window(f, net, now) for f in findings]
         self.active = {f.fingerprint for f in findings}
         return Evaluation(findings, max(1, len(net.plan.participants())))
 
@@ -175,7 +179,8 @@ class ProbeMeshDetector(Detector):
 class NicRulesDetector(Detector):
     """The RDMA port rules (sentinel/network/nic_rules.toml, or the `nic_rules_file` setting) over every port the
     `rdma` source reports: a counter that grew by a rule's `increase` within its window, or whose rate reached
-    its `per_second`. One finding per (node, port, rule). Options: `every` (10 s)."""
+    its `per_second`. One finding per (node, port, rule), with the counter's recent totals as its metric window.
+    Options (defaults): `every` (10 s)."""
 
     name = "nic_counters"
     periodic = True
@@ -186,11 +191,11 @@ class NicRulesDetector(Detector):
         if net is None:
             return Evaluation([], 0)
         ports = net.nics.ports()
-        findings = [f for live in ports for rule in net.rules if (f := self._check(live, rule)) is not None]
+        findings = [f for live in ports for rule in net.rules if (f := self._check(live, rule, now)) is not None]
         self.active = {f.fingerprint for f in findings}
         return Evaluation(findings, max(1, len(ports)))
 
-    def _check(self, live: PortLive, rule: NicRule) -> Finding | None:
+    def _check(self, live: PortLive, rule: NicRule, now: float) -> Finding | None:
         hit = fired(live, rule)
         if hit is None:
             return None
@@ -206,5 +211,49 @@ class NicRulesDetector(Detector):
                        "by the agent.",
             evidence={"rule": rule.name, "counter": rule.counter, "value": value, "counters": port.counters,
                       "rates": port.rates, "saturated": port.saturated, "state": port.state,
-                      "phys_state": port.phys_state},
-            next_steps=[rule.fill(s, **values) for s in rule.next_steps], action=rule.action)
+                      "phys_state": port.phys_state, "window": _counter_window(live, rule.counter, now)},
+            next_steps=[rule.fill(s, **values) for s in rule.next_steps], action=rule.action,
+            observed_at=_first_growth(live, rule.counter, now - rule.window_seconds if rule.increase else live.at))
+
+
+def _first_growth(live: PortLive, counter: str, since: float) -> float:
+    """When the counter was first seen above where it stood at `since` (the report that showed it, at the latest)."""
+    points = [(at, values[counter]) for at, values in live.history if counter in values and at >= since]
+    points.append((live.at, live.latest.get(counter, 0)))
+    base = points[0][1]
+    return next((at for at, v in points if v > base), live.at)
+
+
+def _counter_window(live: PortLive, counter: str, now: float) -> dict[str, Any]:
+    points = [(at, values[counter]) for at, values in live.history if counter in values]
+    if counter in live.latest and (not points or points[-1][0] < live.at):
+        points.append((live.at, live.latest[counter]))
+    points = points[-60:]
+    return {"metric": f"{counter} total", "times": [round(min(0.0, at - now), 3) for at, _ in points],
+            "values": [v for _, v in points]}
+
+
+def _with_window(finding: Finding, net: NetworkView, now: float) -> Finding:
+    """The probe results behind a finding as its metric window (a link's RTT both ways, else the share of probes
+    that reached the node, the first bad one of a domain; newest 60), and when the first bad one was measured."""
+    link = finding.evidence.get("link")
+    if link:
+        a, b = link
+        samples = sorted(net.matrix.history(a, b) + net.matrix.history(b, a), key=lambda s: s.at)
+        samples = [s for s in samples if s.received_at >= now - net.matrix.window_seconds][-60:]
+        window = {"metric": f"probe RTT p50 seconds {a}↔{b}",
+                  "times": [round(min(0.0, s.at - now), 3) for s in samples], "values": [s.p50 for s in samples]}
+    else:
+        node = finding.subject.node or next(iter(finding.evidence.get("nodes", ())), None)
+        if node is None:
+            return finding
+        samples = [s for _, s in net.matrix.towards(node, now - net.matrix.window_seconds)][-60:]
+        window = {"metric": f"share of probes to {node} answered",
+                  "times": [round(min(0.0, s.at - now), 3) for s in samples],
+                  "values": [round(s.received / s.sent, 3) for s in samples]}
+    if not samples:
+        return finding
+    limit = net.thresholds.rtt_seconds
+    bad = [s.at for s in samples if s.received < s.sent or (s.p50 or 0.0) > limit] or [samples[0].at]
+    observed = finding.observed_at if finding.observed_at is not None else min(now, bad[0])
+    return dataclasses.replace(finding, evidence={**finding.evidence, "window": window}, observed_at=observed)
