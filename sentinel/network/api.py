@@ -9,7 +9,7 @@ from fastapi import APIRouter, Depends, Query
 
 from sentinel.auth.deps import READ, allow
 from sentinel.deps import Live, ServerClock, ServerSettings
-from sentinel.network.localise import is_bad
+from sentinel.network.localise import bad_now
 from sentinel.network.schemas import LocalisationOut, MatrixOut, NicOut, PairOut
 
 router = APIRouter(prefix="/network", tags=["network"])
@@ -30,7 +30,7 @@ def matrix(live: Live, clock: ServerClock, settings: ServerSettings, node: NodeN
         pairs = [p for p in pairs if node in (p.source, p.target)]
     out = [PairOut(source=p.source, target=p.target, sent=p.sent, received=p.received, loss_ratio=p.loss_ratio,
                    rtt_p50_seconds=p.rtt_p50_seconds, rtt_p99_seconds=p.rtt_p99_seconds, last_at=p.last_at,
-                   bad=is_bad(p, found.baseline_rtt_seconds, net.thresholds)) for p in pairs]
+                   bad=bad_now(p, found.baseline_rtt_seconds, net.thresholds)) for p in pairs]
     out.sort(key=lambda p: (not p.bad, -(p.rtt_p50_seconds or 0.0), p.source, p.target))
     return MatrixOut(window_seconds=window or net.matrix.window_seconds, participants=net.plan.participants(),
                      peers_per_node=net.plan.peers, round_seconds=net.plan.round_seconds, pairs=out[:limit],

@@ -1,7 +1,8 @@
 """From the pair matrix to a place: the bad link, the bad node, the bad domain (rack, switch).
 
 A pair (either direction) is *bad* when it lost at least `loss_ratio` of its probes, or its median RTT is
-above both `rtt_seconds` and `rtt_factor` × the fleet's median pair RTT. Then, in this order:
+above both `rtt_seconds` and `rtt_factor` × the fleet's median pair RTT, over the window and in its newest
+window as well (a pair that recovered is not named while its old windows age out). Then, in this order:
 
 * a **domain** (the nodes sharing a value of one of `domain_labels`, e.g. rack=r7) is bad when it has at least
   two nodes and either `node_share` of them are bad, or `node_share` of the pairs leaving it (at least
@@ -117,12 +118,25 @@ class _Graph:
         return [p for p in (self.fwd.get(a, {}).get(b), self.fwd.get(b, {}).get(a)) if p is not None]
 
 
+def bad_now(pair: PairStats, baseline: float | None, t: Thresholds) -> bool:
+    """Bad over the window (is_bad) and in its newest window too; a pair whose newest window is not known counts on
+    the window alone."""
+    if not is_bad(pair, baseline, t):
+        return False
+    if not pair.last_sent:
+        return True
+    if 1.0 - pair.last_received / pair.last_sent >= t.loss_ratio:
+        return True
+    limit = max(t.rtt_seconds, t.rtt_factor * baseline) if baseline is not None else t.rtt_seconds
+    return pair.last_p50 is not None and pair.last_p50 > limit
+
+
 def localise(pairs: list[PairStats], labels: dict[str, dict[str, str]], domain_labels: Iterable[str],
              t: Thresholds) -> Localisation:
     rtts = [p.rtt_p50_seconds for p in pairs if p.rtt_p50_seconds is not None]
     baseline = statistics.median(rtts) if rtts else None
     g = _Graph(pairs, t)
-    bad = {key for key in g.suspects if any(is_bad(p, baseline, t) for p in g.both(key))}
+    bad = {key for key in g.suspects if any(bad_now(p, baseline, t) for p in g.both(key))}
     out = Localisation(baseline_rtt_seconds=baseline, pairs=g.unordered, bad_pairs=len(bad))
     bad_peers: dict[str, set[str]] = defaultdict(set)
     for a, b in bad:

@@ -40,6 +40,11 @@ class PairStats:
     rtt_p99_seconds: float | None  # the worst window's p99
     last_at: float
     last_lost: bool  # the newest window got nothing back
+    # the newest window alone: the localisation names a link or node only while it is still bad now, so a pair
+    # that recovered (a node back from a cut, ARP re-resolving) stops being named before its window ages out
+    last_sent: int = 0  # 0: not known (then only the window counts)
+    last_received: int = 0
+    last_p50: float | None = None
 
     @property
     def loss_ratio(self) -> float:
@@ -143,21 +148,18 @@ def _stats(source: str, target: str, samples: list[Sample]) -> PairStats:
                      received=sum(s.received for s in samples),
                      rtt_p50_seconds=statistics.median(p50s) if p50s else None,
                      rtt_p99_seconds=max(p99s) if p99s else None, last_at=samples[-1].at,
-                     last_lost=samples[-1].received == 0)
+                     last_lost=samples[-1].received == 0, last_sent=samples[-1].sent,
+                     last_received=samples[-1].received, last_p50=samples[-1].p50)
 
 
 def unreachable(matrix: ProbeMatrix, target: str, since: float, min_probers: int) -> list[str]:
-    """The probers that lost every probe sent to `target` since `since`, when at least `min_probers` did and
-    no prober's window that got an answer ended after the first lost window began (else []).
+    """The probers that lost every probe sent to `target` since anyone last got an answer from it (within the
+    samples since `since`), when at least `min_probers` did (else []).
 
     Windows are compared on the agents' clocks, not on arrival: the report that carries a prober's first loss
-    also carries its window of answers before it, and both arrive at once."""
+    also carries its window of answers before it. A loss that an answer came after (a prober that was cut off
+    itself for a moment, replaying its spool) does not count."""
     found = matrix.towards(target, since)
-    lost = [(source, s) for source, s in found if s.received == 0]
-    if not lost:
-        return []
-    first = min(s.started for _, s in lost)
-    if any(s.received > 0 and s.at > first for _, s in found):
-        return []
-    probers = sorted({source for source, _ in lost})
+    last_answer = max((s.at for _, s in found if s.received > 0), default=float("-inf"))
+    probers = sorted({source for source, s in found if s.received == 0 and s.started > last_answer})
     return probers if len(probers) >= min_probers else []

@@ -7,7 +7,7 @@ from collections.abc import Iterator
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
-from sentinel.network.localise import is_bad
+from sentinel.network.localise import bad_now
 from sentinel.network.view import NetworkView
 
 QUANTILES = (0.5, 0.9, 0.99, 1.0)
@@ -30,7 +30,7 @@ def network_families(net: NetworkView, now: float) -> Iterator[GaugeMetricFamily
     yield rtt
     states = GaugeMetricFamily("sentinel_network_probe_pairs", "Ordered pairs probed in the window, by verdict",
                                labels=["state"])
-    bad = sum(1 for p in pairs if is_bad(p, found.baseline_rtt_seconds, net.thresholds))
+    bad = sum(1 for p in pairs if bad_now(p, found.baseline_rtt_seconds, net.thresholds))
     states.add_metric(["bad"], bad)
     states.add_metric(["ok"], len(pairs) - bad)
     yield states

@@ -106,6 +106,28 @@ def test_a_rack_whose_uplink_is_slow_is_the_rack_not_its_nodes():
     assert found.nodes == [] and found.links == []
 
 
+def test_an_old_loss_that_answers_came_after_does_not_hold_back_a_new_one():
+    """A prober cut off for a moment replays its lost window about n01; n01 answers everyone after that; then n01
+    goes: the two probers that lose it now are enough, the replayed loss is not counted."""
+    m = ProbeMatrix(60.0)
+    m.add("n05", [result("n01", received=0, at=NOW - 6)], NOW)  # n05's own cut, 6 s ago
+    m.add("n00", [result("n01", at=NOW - 3)], NOW)
+    m.add("n02", [result("n01", at=NOW - 3)], NOW)
+    assert unreachable(m, "n01", NOW - 15, 2) == []
+    m.add("n00", [ProbeResult(target="n01", sent=2, received=0, started_at=NOW - 1, ended_at=NOW)], NOW)
+    assert unreachable(m, "n01", NOW - 15, 2) == []
+    m.add("n02", [ProbeResult(target="n01", sent=1, received=0, started_at=NOW - 0.5, ended_at=NOW)], NOW)
+    assert unreachable(m, "n01", NOW - 15, 2) == ["n00", "n02"]
+
+
+def test_a_pair_that_recovered_is_not_named_while_its_old_windows_age_out():
+    m = full_mesh({frozenset(("n03", "n04")): 0.02})
+    assert [(link.a, link.b) for link in localise(m.pairs(NOW), {}, (), Thresholds()).links] == [("n03", "n04")]
+    for a, b in (("n03", "n04"), ("n04", "n03")):
+        m.add(a, [result(b, 0.0002, at=NOW + 1)], NOW + 1)  # the newest window is fast again
+    assert localise(m.pairs(NOW + 1), {}, (), Thresholds()).links == []
+
+
 def test_a_rack_of_unreachable_nodes_is_one_domain():
     rack = {"n08", "n09", "n10", "n11"}
     labels = {n: {"rack": f"r{NODES.index(n) // 4}"} for n in NODES}
