@@ -33,6 +33,7 @@ import statistics
 import sys
 import tempfile
 import time
+import tracemalloc
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -119,6 +120,11 @@ def cost(sizes: list[int], full_max: int) -> None:
             server_full = (f"full mesh {full[0] * 1e6:9.1f} µs/node ({full[1]:,} pairs)   ratio "
                            f"{mesh_server / full[0]:.4f}×") if full else f"full mesh not run (N² = {n * n:,} pairs)"
             say(f"            server mesh {mesh_server * 1e6:7.1f} µs/node ({mesh_pairs:,} pairs)   {server_full}")
+        tracemalloc.start()
+        server_round(sizes[-1], K, rounds=1)
+        peak = tracemalloc.get_traced_memory()[1]
+        tracemalloc.stop()
+        say(f"  server memory at {sizes[-1]:,} nodes (window of two rounds): {peak / 1e6:.0f} MB peak (tracemalloc)")
         first, last = rows[0], rows[-1]
         say(f"  flatness {last[0]:,} : {first[0]:,} nodes — agent {last[1] / first[1]:.2f}×, server per node "
             f"{last[5] / first[5]:.2f}× (flat = 1.0); probes per node per interval: {K} at every size, "

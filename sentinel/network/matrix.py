@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import statistics
 import threading
-from collections import deque
 from dataclasses import dataclass
 
 from sentinel.telemetry.schemas import ProbeResult
@@ -17,7 +16,7 @@ from sentinel.telemetry.schemas import ProbeResult
 MAX_RESULTS_PER_PAIR = 64
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Sample:
     at: float  # when the window the agent measured ended (its wall clock)
     started: float  # and when it began: a prober cuts its window where a peer stops answering
@@ -28,7 +27,7 @@ class Sample:
     p99: float | None
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class PairStats:
     """One ordered pair (source probed target) over the window."""
 
@@ -55,7 +54,7 @@ class ProbeMatrix:
     def __init__(self, window_seconds: float):
         self.window_seconds = window_seconds
         self._lock = threading.Lock()
-        self._pairs: dict[tuple[str, str], deque[Sample]] = {}
+        self._pairs: dict[tuple[str, str], list[Sample]] = {}  # oldest first (a list: most pairs hold 1-3)
         self._probers: dict[str, set[str]] = {}  # target → the sources with samples about it
         # each pair's stats over the whole window, kept until it gets a sample or loses one: in a round only
         # the pairs probed in it change (about window ÷ round of those held), so the rest are not recomputed
@@ -69,10 +68,12 @@ class ProbeMatrix:
                     continue
                 samples = self._pairs.get((source, r.target))
                 if samples is None:
-                    samples = self._pairs[(source, r.target)] = deque(maxlen=MAX_RESULTS_PER_PAIR)
+                    samples = self._pairs[(source, r.target)] = []
                     self._probers.setdefault(r.target, set()).add(source)
                 samples.append(Sample(r.ended_at, r.started_at, now, r.sent, r.received, r.rtt_p50_seconds,
                                       r.rtt_p99_seconds))
+                if len(samples) > MAX_RESULTS_PER_PAIR:
+                    del samples[0]
                 self._stats.pop((source, r.target), None)
                 self.results_total += 1
 
@@ -89,8 +90,7 @@ class ProbeMatrix:
                 samples = self._pairs[pair]
                 if samples and samples[0].received_at < cutoff:
                     self._stats.pop(pair, None)
-                while samples and samples[0].received_at < cutoff:
-                    samples.popleft()
+                    samples[:] = [s for s in samples if s.received_at >= cutoff]
                 if not samples:
                     self._drop(pair)
 
