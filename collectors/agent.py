@@ -29,6 +29,7 @@ from collectors.spool import SeqCounter, Spool
 from sentinel import __version__
 from sentinel.auth.tls import client_ssl_context
 from sentinel.ha.failover import failover_client
+from sentinel.network.plan import split_address
 from sentinel.telemetry.schemas import (
     AcceleratorSample,
     Assignment,
@@ -105,6 +106,9 @@ class Agent:
             host, _, port = config.probe_listen.rpartition(":")
             self.responder = ProbeResponder(host.strip("[]") or "127.0.0.1", int(port or 0), node=config.node)
             self.responder.start()
+            if split_address(self.responder.address) is None:
+                log.warning("probe mesh: %s is not an address peers can probe (give this node's own IP, not a "
+                            "wildcard): the server will not assign it as a target", self.responder.address)
             self.prober = Prober(config.node, interval_seconds=config.probe_interval_seconds,
                                  on_loss=self._on_probe_loss)
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 import time
 from pathlib import Path
 
@@ -94,3 +95,37 @@ def test_reports_made_while_the_server_is_away_are_replayed_in_order(server, tmp
         assert receipts == seqs[-1]
     finally:
         agent.stop()
+
+
+def test_two_agents_probe_each_other_as_the_server_assigns(server, tmp_path):
+    """The probe mesh on loopback (the netns drill in tests/network/ does it on a real bridge): each agent
+    registers its probe address, gets the other as its target in the ack, and the server's matrix fills."""
+    token = server.token("agent", "mesh")
+    agents = [Agent(AgentConfig(server_url=server.url, token=token, node=name, sources=["host"], interval_seconds=1.0,
+                                listen_port=0, state_dir=tmp_path / "agents", probe_listen="127.0.0.1:0",
+                                probe_interval_seconds=0.2, labels={"rack": "r1"}))
+              for name in ("p1", "p2")]
+    for agent in agents:
+        agent.start()
+    threads = [threading.Thread(target=a.run_forever, daemon=True) for a in agents]
+    for t in threads:
+        t.start()
+    try:
+        api = server.api()
+        node = wait_for(lambda: (n := api.get("/nodes/p1")).status_code == 200 and n.json(), what="p1 registered")
+        assert node["labels"]["probe_addr"] == agents[0].responder.address  # type: ignore[union-attr]
+        assert node["labels"]["rack"] == "r1"
+        def answered() -> dict[tuple[str, str], dict[str, float]] | None:
+            got = {(p["source"], p["target"]): p for p in api.get("/network/matrix").json()["pairs"] if p["received"]}
+            return got if len(got) >= 2 else None
+
+        pairs = wait_for(answered, timeout=20, what="both directions probed")
+        assert set(pairs) == {("p1", "p2"), ("p2", "p1")}
+        assert all(p["rtt_p50_seconds"] < 0.1 for p in pairs.values())
+        assert agents[0].prober is not None and set(agents[0].prober.targets()) == {"p2"}
+        assert agents[0].registry.get_sample_value("sentinel_agent_probes_sent_total", {"node": "p1"}) > 0
+    finally:
+        for agent in agents:
+            agent.stop()
+        for t in threads:
+            t.join(timeout=5)
