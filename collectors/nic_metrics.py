@@ -12,7 +12,8 @@ from sentinel.telemetry.schemas import NicPort
 
 P = "sentinel_nic_"
 LABELS = ["node", "device", "port"]
-# counter file → (series name, help); the rest go to sentinel_nic_counter_total{counter}
+# counter file → (series name, help); the rest go to sentinel_nic_stat_total{stat} (promtool refuses a counter
+# named ..._counter_total)
 NAMED = {
     "port_xmit_data": ("data_transmitted_bytes", "Bytes sent on the port (port_xmit_data × 4)"),
     "port_rcv_data": ("data_received_bytes", "Bytes received on the port (port_rcv_data × 4)"),
@@ -33,10 +34,10 @@ def nic_families(node: str, ports: list[NicPort],
                              labels=[*LABELS, "link_layer", "state", "phys_state"])
     flaps = CounterMetricFamily(P + "link_flaps", "Times the port left ACTIVE since the agent started", labels=LABELS)
     named = {f: CounterMetricFamily(P + name, doc, labels=LABELS) for f, (name, doc) in NAMED.items()}
-    other = CounterMetricFamily(P + "counter", "Every other counter of counters/ and hw_counters/, kept monotonic",
-                                labels=[*LABELS, "counter"])
-    saturated = GaugeMetricFamily(P + "counter_saturated", "1 while a narrow PMA counter is stuck at its maximum",
-                                  labels=[*LABELS, "counter"])
+    other = CounterMetricFamily(P + "stat", "Every other counter of counters/ and hw_counters/, kept monotonic",
+                                labels=[*LABELS, "stat"])
+    saturated = GaugeMetricFamily(P + "stat_saturated", "1 while a narrow PMA counter is stuck at its maximum",
+                                  labels=[*LABELS, "stat"])
     for p in ports:
         labels = [node, p.device, str(p.port)]
         if p.up is not None:

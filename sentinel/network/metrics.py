@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 from collections.abc import Iterator
 
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
 from sentinel.network.localise import bad_now
 from sentinel.network.view import NetworkView
@@ -18,15 +18,18 @@ def _quantile(values: list[float], q: float) -> float:
     return values[min(len(values) - 1, max(0, math.ceil(q * len(values)) - 1))]
 
 
-def network_families(net: NetworkView, now: float) -> Iterator[GaugeMetricFamily | CounterMetricFamily]:
+def network_families(net: NetworkView, now: float) -> Iterator[Metric]:
     pairs = net.matrix.pairs(now)
     found = net.localisation(now)
-    rtt = GaugeMetricFamily("sentinel_network_probe_rtt_seconds",
-                            "Median probe RTT of the pairs probed in the window: its quantiles across pairs",
-                            labels=["quantile"])
+    # a summary over the pairs probed in the window (not over time): quantiles of their median RTTs, with the
+    # pairs' count and the sum of those medians
+    rtt = Metric("sentinel_network_probe_rtt_seconds",
+                 "Median probe RTT of the pairs probed in the window: its quantiles across pairs", "summary")
     medians = sorted(p.rtt_p50_seconds for p in pairs if p.rtt_p50_seconds is not None)
     for q in QUANTILES if medians else ():
-        rtt.add_metric([f"{q:g}"], _quantile(medians, q))
+        rtt.add_sample("sentinel_network_probe_rtt_seconds", {"quantile": f"{q:g}"}, _quantile(medians, q))
+    rtt.add_sample("sentinel_network_probe_rtt_seconds_count", {}, len(medians))
+    rtt.add_sample("sentinel_network_probe_rtt_seconds_sum", {}, math.fsum(medians))
     yield rtt
     states = GaugeMetricFamily("sentinel_network_probe_pairs", "Ordered pairs probed in the window, by verdict",
                                labels=["state"])

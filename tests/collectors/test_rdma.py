@@ -218,5 +218,5 @@ def test_ports_go_in_reports_and_on_metrics(tree: RdmaTree) -> None:
     assert value("sentinel_nic_link_up") == 1.0
     assert value("sentinel_nic_data_received_bytes_total") == 8_000
     assert value("sentinel_nic_rate_bytes_per_second") == 12.5e9
-    assert value("sentinel_nic_counter_total", counter="np_cnp_sent") == 0.0
+    assert value("sentinel_nic_stat_total", stat="np_cnp_sent") == 0.0
     assert samples[("sentinel_plugin_errors_total", (("node", "n1"), ("plugin", "rdma:not_available")))] == 1.0

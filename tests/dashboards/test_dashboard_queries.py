@@ -21,6 +21,7 @@ import os
 import re
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -32,6 +33,7 @@ import httpx
 import pytest
 import yaml
 
+from tests.collectors.rdma_tree import HW_COUNTERS, RdmaTree
 from tests.live import LiveServer, Receiver, free_port, sentinel_cmd, wait_for
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -338,9 +340,18 @@ def stop(proc: subprocess.Popen[bytes], sig: int = signal.SIGKILL) -> None:
 
 def start_agent(server: LiveServer, token: str, name: str, count: int, port: int,
                 work: Path) -> subprocess.Popen[bytes]:
+    """A sim agent that also reports an RDMA port (a fixture sysfs tree, tests/collectors/rdma_tree.py) and takes
+    part in the probe mesh on loopback, so the network panels have data."""
     log = open(work / f"agent-{name}.log", "ab")  # noqa: SIM115 - the child keeps it
+    tree = RdmaTree(work / f"sys-{name}")
+    tree.add_port("mlx5_0", 1, hw_counters=dict(HW_COUNTERS))
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as udp:
+        udp.bind(("127.0.0.1", 0))
+        probe_port = udp.getsockname()[1]
     return subprocess.Popen(sentinel_cmd("collector", "--server", server.url, "--token", token, "--node-name", name,
-                                         "--source", f"sim:{count}", "--interval", "1", "--listen",
+                                         "--source", f"sim:{count}", "--source", "rdma", "--sysfs-root",
+                                         str(tree.root), "--probe", f"127.0.0.1:{probe_port}", "--probe-interval",
+                                         "0.5", "--interval", "1", "--listen",
                                          f"127.0.0.1:{port}", "--state-dir", str(work / "agents")),
                             env={**os.environ}, stdout=log, stderr=log, start_new_session=True)
 
