@@ -144,7 +144,7 @@ class Settings(BaseSettings):
     probe_peers: int = Field(default=8, ge=0, le=64)
     probe_round_seconds: float = Field(default=10.0, ge=1, le=3600)
     probe_window_seconds: float = Field(default=60.0, ge=5, le=3600)
-    probe_rtt_seconds: float = Field(default=0.002, gt=0, le=10)
+    probe_rtt_seconds: float = Field(default=0.005, gt=0, le=10)  # a loaded host's responder adds ~2 ms
     probe_rtt_factor: float = Field(default=4.0, ge=1, le=1000)
     probe_loss_ratio: float = Field(default=0.2, gt=0, le=1)
     probe_unreachable_probers: int = Field(default=2, ge=1, le=64)

@@ -32,7 +32,7 @@ from sentinel.network.matrix import PairStats
 
 @dataclass(frozen=True)
 class Thresholds:
-    rtt_seconds: float = 0.002
+    rtt_seconds: float = 0.005
     rtt_factor: float = 4.0
     loss_ratio: float = 0.2
     min_peers: int = 3
