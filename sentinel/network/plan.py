@@ -32,7 +32,7 @@ def split_address(address: str) -> tuple[str, int] | None:
         return None
     if ip.is_unspecified or ip.is_multicast:
         return None
-    return host, int(port)
+    return str(ip), int(port)  # normalised: replies are matched on the address they come from
 
 
 def valid_address(address: str) -> bool:

@@ -77,6 +77,8 @@ def test_only_ip_literals_are_probed_never_this_node_and_never_too_many() -> Non
                         ProbeTarget(node="v6", address="[::1]:9000"),
                         ProbeTarget(node="ok", address="10.0.0.2:9000")])
     assert prober.targets() == {"v6": ("::1", 9000), "ok": ("10.0.0.2", 9000)}
+    prober.set_targets([ProbeTarget(node="long", address="[0:0::1]:9000")])
+    assert prober.targets() == {"long": ("::1", 9000)}, "normalised, so the reply's address matches"
     prober.set_targets([ProbeTarget(node=f"n{i}", address=f"10.0.0.{i % 250 + 1}:9000") for i in range(200)])
     assert len(prober.targets()) == MAX_TARGETS
     prober.close()
