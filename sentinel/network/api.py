@@ -24,8 +24,9 @@ def matrix(live: Live, clock: ServerClock, settings: ServerSettings, node: NodeN
     pairs with that node at one end), bad pairs first, and the localisation: slow links, bad nodes, bad
     domains, or fleet-wide."""
     net, now = live.network, clock.time()
-    found = net.localisation(now)
-    pairs = net.matrix.pairs(now, window)
+    found, pairs = net.snapshot(now)
+    if window is not None:
+        pairs = net.matrix.pairs(now, window)
     if node is not None:
         pairs = [p for p in pairs if node in (p.source, p.target)]
     out = [PairOut(source=p.source, target=p.target, sent=p.sent, received=p.received, loss_ratio=p.loss_ratio,

@@ -19,8 +19,7 @@ def _quantile(values: list[float], q: float) -> float:
 
 
 def network_families(net: NetworkView, now: float) -> Iterator[Metric]:
-    pairs = net.matrix.pairs(now)
-    found = net.localisation(now)
+    found, pairs = net.snapshot(now)
     # a summary over the pairs probed in the window (not over time): quantiles of their median RTTs, with the
     # pairs' count and the sum of those medians
     rtt = Metric("sentinel_network_probe_rtt_seconds",

@@ -15,7 +15,7 @@ from sqlalchemy.orm import Session
 
 from sentinel.config import Settings
 from sentinel.network.localise import Localisation, Thresholds, localise
-from sentinel.network.matrix import ProbeMatrix
+from sentinel.network.matrix import PairStats, ProbeMatrix
 from sentinel.network.nics import NicStore
 from sentinel.network.plan import PROBE_LABEL, ProbePlan
 from sentinel.network.rules import NicRule, load_rules
@@ -35,7 +35,7 @@ class NetworkView:
     domain_labels: tuple[str, ...]
     labels: dict[str, dict[str, str]] = field(default_factory=dict)
     _lock: threading.Lock = field(default_factory=threading.Lock)
-    _localised: tuple[float, Localisation] | None = None
+    _localised: tuple[float, Localisation, list[PairStats]] | None = None
 
     @classmethod
     def build(cls, *, peers: int, round_seconds: float, window_seconds: float, rules: list[NicRule],
@@ -79,16 +79,22 @@ class NetworkView:
         return self.plan.targets(node, now)
 
     def localisation(self, now: float, *, fresh: bool = False) -> Localisation:
+        return self.snapshot(now, fresh=fresh)[0]
+
+    def snapshot(self, now: float, *, fresh: bool = False) -> tuple[Localisation, list[PairStats]]:
+        """The localisation and the window's pairs it was computed from (one pass over the matrix serves the
+        detector, /metrics and the API alike)."""
         with self._lock:
             cached = self._localised
             labels = dict(self.labels)
         ttl = max(LOCALISE_SECONDS, self.plan.round_seconds / 2)  # probe_mesh recomputes it that often
         if cached is not None and not fresh and 0 <= now - cached[0] < ttl:
-            return cached[1]
-        found = localise(self.matrix.pairs(now), labels, self.domain_labels, self.thresholds)
+            return cached[1], cached[2]
+        pairs = self.matrix.pairs(now)
+        found = localise(pairs, labels, self.domain_labels, self.thresholds)
         with self._lock:
-            self._localised = (now, found)
-        return found
+            self._localised = (now, found, pairs)
+        return found, pairs
 
     def excluded(self, now: float) -> dict[str, str]:
         """Nodes a slow link or a bad node puts out of placement (when `network_exclude_slow_nodes` is on)."""

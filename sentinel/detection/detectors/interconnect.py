@@ -69,8 +69,7 @@ class ProbeMeshDetector(Detector):
         if net is None:
             return Evaluation([], 0)
         net.matrix.prune(now)
-        found = net.localisation(now, fresh=True)
-        pairs = net.matrix.pairs(now)
+        found, pairs = net.snapshot(now, fresh=True)
         findings = [f for t in net.matrix.targets() if (f := self._unreachable(ctx, net, t, now)) is not None]
         held = {f.subject.node for f in findings}
         if found.fleet_wide:
