@@ -18,6 +18,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_l
 from collectors.base import Collector, Readings, SourceUnavailable, create
 from collectors.dedup import EventFolder
 from collectors.endpoint import serve
+from collectors.experiments import ExchangeListener, result_of
 from collectors.jobs import ExitWatcher, TaskRelay
 from collectors.metrics import AgentCollector, AgentSnapshot
 from collectors.probes import Prober, ProbeResponder
@@ -33,6 +34,7 @@ from sentinel.network.plan import split_address
 from sentinel.telemetry.schemas import (
     AcceleratorSample,
     Assignment,
+    ExperimentResult,
     HardwareEvent,
     NicPort,
     NodeCommand,
@@ -99,6 +101,7 @@ class Agent:
         self.url = ""  # where the SDK of tasks on this node reports, once serving (a label the server keeps)
         self.commands_applied = 0
         self.responder: ProbeResponder | None = None
+        self.exchange: ExchangeListener | None = None
         self.prober: Prober | None = None
         self.latest_nics: list[NicPort] = []
         self._loss_pushed_at = 0.0
@@ -111,6 +114,12 @@ class Agent:
                             "wildcard): the server will not assign it as a target", self.responder.address)
             self.prober = Prober(config.node, interval_seconds=config.probe_interval_seconds,
                                  on_loss=self._on_probe_loss)
+            try:  # peers' `collective` experiments are answered on the same port, over TCP
+                self.exchange = ExchangeListener(*_host_port(self.responder.address))
+                self.exchange.start()
+            except OSError as exc:
+                log.warning("experiment exchange listener unavailable on %s: %s", self.responder.address, exc)
+                self.exchange = None
 
     def _start_sources(self, specs: list[str]) -> list[Collector]:
         started = []
@@ -170,14 +179,16 @@ class Agent:
 
     def report_now(self, readings: Readings | None = None, events: list[HardwareEvent] | None = None,
                    tasks: list[TaskTelemetry] | None = None, task_exits: list[TaskExit] | None = None,
-                   probes: list[ProbeResult] | None = None) -> int:
+                   probes: list[ProbeResult] | None = None,
+                   experiments: list[ExperimentResult] | None = None) -> int:
         """Spool one report and wake the pusher; returns its seq."""
         readings = readings or Readings()
         seq = self.seq.next()
         report = NodeReport(node=self.config.node, seq=seq, sent_at=time.time(),
                             interval_seconds=self.config.interval_seconds, host=readings.host,
                             accelerators=readings.accelerators, events=events or [], tasks=tasks or [],
-                            task_exits=task_exits or [], nics=readings.nics, probes=probes or [])
+                            task_exits=task_exits or [], nics=readings.nics, probes=probes or [],
+                            experiments=experiments or [])
         self.spool.append(seq, report.model_dump_json(exclude_none=True).encode())
         self.pusher.wake()
         return seq
@@ -242,6 +253,9 @@ class Agent:
 
     def apply_command(self, command: NodeCommand) -> None:
         sims = [s for s in self.sources if isinstance(s, SimCollector)]
+        if command.kind == "experiment":  # on its own thread: an experiment takes seconds
+            threading.Thread(target=self._experiment, args=(command, sims), daemon=True).start()
+            return
         if not sims:
             log.error("command %s ignored: node %s has no sim source", command.id, self.config.node)
             return
@@ -253,6 +267,16 @@ class Agent:
             self.commands_applied += 1
         except ValueError as exc:
             log.error("command %s refused: %s", command.id, exc)
+
+    def _experiment(self, command: NodeCommand, sims: list[SimCollector]) -> None:
+        def probe(index: int) -> float | None:
+            return sims[0].probe(index).value if sims else None
+
+        result = result_of(command, probe=probe if sims else None)
+        self.commands_applied += 1
+        log.info("experiment done: node=%s id=%s kind=%s value=%s %s error=%s", self.config.node, result.id,
+                 result.kind, result.value, result.unit, result.error)
+        self.report_now(experiments=[result])
 
     def _poll_commands(self) -> None:
         while not self._stop.is_set():
@@ -341,7 +365,7 @@ class Agent:
         folded = self.folder.flush(time.time())
         if folded:  # counted repeats are reports like any other: spooled, not lost
             self.report_now(events=folded)
-        for part in (self.prober, self.responder):
+        for part in (self.prober, self.responder, self.exchange):
             if part is not None:
                 part.close()
         self.pusher.stop(drain_seconds=drain_seconds)
@@ -351,3 +375,8 @@ class Agent:
         if self._http is not None:
             self._http.shutdown()
         self.client.close()
+
+
+def _host_port(address: str) -> tuple[str, int]:
+    host, _, port = address.rpartition(":")
+    return host.strip("[]"), int(port)

@@ -20,7 +20,15 @@ from dataclasses import dataclass, field
 
 import psutil
 
-from sentinel.telemetry.schemas import CollectiveTotals, SdkBatch, TaskExit, TaskModel, TaskPause, TaskTelemetry
+from sentinel.telemetry.schemas import (
+    CollectiveTotals,
+    ExpertLoad,
+    SdkBatch,
+    TaskExit,
+    TaskModel,
+    TaskPause,
+    TaskTelemetry,
+)
 
 log = logging.getLogger("sentinel.agent.jobs")
 
@@ -51,6 +59,10 @@ class _TaskSums:
     failure_message: str = ""
     dropped_batches: int = 0
     pause: TaskPause | None = None  # the latest batch's: a pause that ended in the interval is over
+    iterations: int = 0  # step ends after the previous step's end, and the wall time between them
+    iteration_seconds: float = 0.0
+    phases: dict[str, list[float]] = field(default_factory=dict)
+    experts: ExpertLoad | None = None
 
 
 class TaskRelay:
@@ -60,6 +72,8 @@ class TaskRelay:
         self._lock = threading.Lock()
         self._tasks: dict[tuple[int, int, int], _TaskSums] = {}
         self._models: dict[tuple[int, int], TaskModel] = {}
+        self._last_end: dict[tuple[int, int, int], float] = {}  # each task's newest step end, across reports
+        self.run_queue = RunQueueMeter()
         self.batches_total = 0
 
     def add(self, batch: SdkBatch) -> None:
@@ -72,6 +86,11 @@ class TaskRelay:
             for index, started, duration, tokens, coll, exposed in batch.steps:
                 if t.first_step_at is None:
                     t.first_step_at = started + duration
+                previous, end = self._last_end.get(key), started + duration
+                if previous is not None and end > previous:
+                    t.iterations += 1
+                    t.iteration_seconds += end - previous
+                self._last_end[key] = end
                 t.steps += 1
                 t.last_step = index
                 t.busy_seconds += duration
@@ -96,6 +115,16 @@ class TaskRelay:
                 t.failure, t.failure_message = batch.failure.type, batch.failure.message
             t.dropped_batches = max(t.dropped_batches, batch.dropped_batches)
             t.pause = batch.pause
+            for name, (seconds, inside) in batch.phases.items():
+                sums_ = t.phases.setdefault(name, [0.0, 0.0])
+                sums_[0] += seconds
+                sums_[1] += inside
+            if batch.experts is not None:
+                e = t.experts
+                t.experts = batch.experts if e is None else ExpertLoad(
+                    imbalance=max(e.imbalance, batch.experts.imbalance),
+                    routed_tokens=e.routed_tokens + batch.experts.routed_tokens,
+                    dropped_tokens=e.dropped_tokens + batch.experts.dropped_tokens)
 
     def pids(self) -> set[int]:
         with self._lock:
@@ -105,6 +134,9 @@ class TaskRelay:
         """This interval's sums, one per task; `device_memory` is per-pid memory seen by NVML or sim."""
         with self._lock:
             tasks, self._tasks = self._tasks, {}
+            self._last_end = {key: at for key, at in self._last_end.items()  # a task quiet this interval keeps it
+                              if key in tasks or os.path.exists(f"/proc/{key[2]}")}
+        waits = self.run_queue.measure({t.pid for t in tasks.values()})
         out = []
         for t in tasks.values():
             out.append(TaskTelemetry(
@@ -117,7 +149,50 @@ class TaskRelay:
                 memory_peak_bytes=t.memory_peak_bytes, memory_source=t.memory_source,
                 device_memory_bytes=(device_memory or {}).get(t.pid), model=t.model,
                 failure={"type": t.failure, "message": t.failure_message} if t.failure else None,  # type: ignore[arg-type]
-                dropped_batches=t.dropped_batches, pause=t.pause))
+                dropped_batches=t.dropped_batches, pause=t.pause, iterations=t.iterations,
+                iteration_seconds=t.iteration_seconds, phases={n: v[0] for n, v in t.phases.items()},
+                phases_in_step_seconds=sum(v[1] for v in t.phases.values()), experts=t.experts,
+                cpu_wait_ratio=waits.get(t.pid)))
+        return out
+
+
+class RunQueueMeter:
+    """Of the time a task's threads were runnable, the share they waited for a CPU, between two readings of
+    /proc/<pid>/task/*/schedstat (ns on CPU, ns waiting on a run queue). CPU contention from another process
+    shows here; a stopped process or one blocked on I/O or a collective does not wait on a run queue."""
+
+    def __init__(self, proc_root: str = "/proc") -> None:
+        self._root = proc_root
+        self._last: dict[int, tuple[int, int]] = {}
+
+    def read(self, pid: int) -> tuple[int, int] | None:
+        run = wait = 0
+        try:
+            tids = os.listdir(f"{self._root}/{pid}/task")
+        except OSError:
+            return None
+        for tid in tids:
+            try:
+                with open(f"{self._root}/{pid}/task/{tid}/schedstat", "rb") as fh:
+                    fields = fh.read().split()
+                run, wait = run + int(fields[0]), wait + int(fields[1])
+            except (OSError, ValueError, IndexError):
+                continue  # a thread that ended between the listing and the read
+        return run, wait
+
+    def measure(self, pids: set[int]) -> dict[int, float]:
+        out: dict[int, float] = {}
+        for pid in pids:
+            now = self.read(pid)
+            before = self._last.get(pid)
+            if now is None:
+                continue
+            self._last[pid] = now
+            if before is not None:
+                ran, waited = now[0] - before[0], now[1] - before[1]
+                if ran >= 0 and waited >= 0 and ran + waited > 0:
+                    out[pid] = round(waited / (ran + waited), 4)
+        self._last = {pid: v for pid, v in self._last.items() if pid in pids}
         return out
 
 

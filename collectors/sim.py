@@ -121,6 +121,7 @@ class SimCollector(Collector):
         self._lock = threading.Lock()
         self._placed: dict[str, list[int]] = {}  # uuid → pids of the tasks placed on it, from the last collect
         self._stopped: dict[int, list[int]] = {}  # accelerator index → pids a hang drill stopped
+        self._throttles: dict[int, threading.Event] = {}  # accelerator index → its duty cycle's stop flag
         peak = peak_flops if peak_flops is not None else cpu_core_peak_flops()
         self._infos = [AcceleratorInfo(uuid=f"SIM-{node}-{i}", index=i, model=SIM_MODEL,
                                        memory_total_bytes=SIM_MEMORY_BYTES, source="sim", simulated=True,
@@ -209,12 +210,15 @@ class SimCollector(Collector):
                 self._stopped[index] = self._signal_tasks(uuid, signal.SIGSTOP)
             elif fault == "slow":
                 faults.slow_factor = max(1.0, float(argument or 2.0))
+                self._throttle(index, faults.slow_factor)
             elif fault == "offline":
                 faults.offline = True
                 event = HardwareEvent(kind="offline", accelerator_uuid=uuid,
                                       message="accelerator fell off the bus (simulated)", observed_at=now)
             else:
                 self._faults[index] = SimFaults()
+                if (flag := self._throttles.pop(index, None)) is not None:
+                    flag.set()
                 for pid in self._stopped.pop(index, []):
                     with contextlib.suppress(OSError):
                         os.kill(pid, signal.SIGCONT)
@@ -256,9 +260,43 @@ class SimCollector(Collector):
                 log.warning("sim hang: cannot signal task: pid=%d error=%s", pid, exc)
         return done
 
+    def _throttle(self, index: int, factor: float, period: float = 0.1) -> None:
+        """A slowed accelerator really slows what runs on it: its tasks get 1/factor of every `period`
+        (SIGSTOP for the rest, SIGCONT after), as a device at a lower clock would give them."""
+        if (old := self._throttles.pop(index, None)) is not None:
+            old.set()
+        if factor <= 1.0:
+            return
+        flag = self._throttles[index] = threading.Event()
+        uuid = self._infos[index].uuid
+
+        def cycle() -> None:
+            stopped: list[int] = []
+            while not flag.is_set():
+                with self._lock:
+                    hung = self._faults[index].hang
+                pids = [] if hung else list(self._placed.get(uuid, []))
+                stopped = [p for p in pids if _signal(p, signal.SIGSTOP)]
+                flag.wait(period * (1 - 1 / factor))
+                for pid in stopped:
+                    _signal(pid, signal.SIGCONT)
+                flag.wait(period / factor)
+            for pid in stopped:
+                _signal(pid, signal.SIGCONT)
+
+        threading.Thread(target=cycle, name=f"sim-slow-{index}", daemon=True).start()
+
     def faults(self, index: int) -> SimFaults:
         with self._lock:
             return self._faults[index]
+
+
+def _signal(pid: int, sig: int) -> bool:
+    try:
+        os.kill(pid, sig)
+        return True
+    except OSError:
+        return False
 
 
 def _factory(argument: str | None, node: str) -> SimCollector:

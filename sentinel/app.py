@@ -24,6 +24,7 @@ from sentinel.auth.deps import READ, allow
 from sentinel.checkpoints.api import router as checkpoints_router
 from sentinel.clock import Clock
 from sentinel.config import Settings
+from sentinel.diagnosis.api import router as diagnosis_router
 from sentinel.events.api import router as events_router
 from sentinel.ha.failover import ROLE_HEADER
 from sentinel.incidents.api import router as incidents_router
@@ -82,7 +83,7 @@ def create_app(settings: Settings, clock: Clock | None = None, *, migrate: bool 
     api = APIRouter(prefix="/api/v1")
     for router in (nodes_router, accelerators_router, fleet_router, jobs_router, events_router, audit_router,
                    tokens_router, incidents_router, alerting_router, remediation_router, checkpoints_router,
-                   policy_router, network_router):
+                   policy_router, network_router, diagnosis_router):
         api.include_router(router)
     app.include_router(api)
     app.include_router(ui_router)  # the status page: /ui

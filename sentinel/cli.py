@@ -17,8 +17,10 @@ from sentinel.auth import cli as auth_cli
 from sentinel.client import ApiError, SentinelClient, resolve_token
 from sentinel.config import load_settings
 from sentinel.console import human_bytes, table
+from sentinel.diagnosis import cli as diagnosis_cli
 from sentinel.grafana import cli as grafana_cli
 from sentinel.incidents import cli as incidents_cli
+from sentinel.mcp import cli as mcp_cli
 from sentinel.network import cli as network_cli
 from sentinel.policy import cli as policy_cli
 from sentinel.simulate import cli as simulate
@@ -239,6 +241,8 @@ def build_parser() -> argparse.ArgumentParser:
     incidents_cli.add_parsers(sub, _remote)
     policy_cli.add_parsers(sub, _remote)  # policy decisions|shadow
     network_cli.add_parsers(sub, _remote)  # network [matrix|nics]
+    diagnosis_cli.add_parser(sub, _remote)  # diagnose JOB [--run]
+    mcp_cli.add_parser(sub, _remote)  # mcp [--http HOST:PORT]
     grafana_cli.add_parser(sub, _remote)
     simulate.add_parser(sub, _remote)
     _launch_parser(sub)

@@ -28,6 +28,9 @@ from sentinel.db import make_engine, make_sessionmaker, migration_lock, transact
 from sentinel.detection.base import DetectionContext
 from sentinel.detection.catalog import FaultCatalog
 from sentinel.detection.engine import DetectionEngine, load_detectors
+from sentinel.diagnosis.components import ComponentStore
+from sentinel.diagnosis.engine import Diagnoser
+from sentinel.diagnosis.wiring import annotate_incident, job_attributes
 from sentinel.ha.leader import Elector, make_lock
 from sentinel.incidents.lifecycle import Incidents
 from sentinel.live.checkpoints import CheckpointLedger
@@ -66,6 +69,7 @@ class Runtime:
     dispatcher: Dispatcher
     remediation: RemediationEngine
     policies: LivePolicies
+    diagnosis: Diagnoser
     plugin_errors: dict[str, int] = field(default_factory=dict)
     ready: bool = False
     elector: Elector | None = None
@@ -91,17 +95,20 @@ class Runtime:
                                         placement=policies.placement, interval_policy=policies.interval,
                                         excluded=lambda: live.network.excluded(clock.time()))
         incidents.listeners.append(remediation.on_incident)  # 4 → 5 remediate
+        diagnosis = Diagnoser(ComponentStore(), commands, attributes=job_attributes(factory))
+        diagnosis.on_verdict.append(annotate_incident(factory, incidents))
         ctx = DetectionContext(settings=settings, clock=clock, fleet=live.fleet, samples=live.samples, jobs=live.jobs,
                                catalog=FaultCatalog.load(settings.fault_catalog_file), history=live.faults,
                                assignments=live.assignments.snapshot, checkpoints=live.checkpoints,
-                               restarting=remediation.is_restarting, network=live.network)
+                               restarting=remediation.is_restarting, network=live.network, diagnosis=diagnosis)
         detection = DetectionEngine(ctx, load_detectors(settings), incidents, errors)  # 3 → 4
         pipeline = ReportPipeline(ingest=ingest, live=live, detection=detection, remediation=remediation,
-                                  commands=commands, clock=clock, errors=errors)  # 1 → 2 → 3
+                                  commands=commands, clock=clock, errors=errors,
+                                  diagnosis=diagnosis)  # 1 → 2 → 3
         runtime = cls(settings=settings, clock=clock, engine=engine, factory=factory, live=live, ingest=ingest,
                       pipeline=pipeline, tokens=TokenCache(factory), commands=commands, incidents=incidents,
                       detection=detection, dispatcher=dispatcher, remediation=remediation, policies=policies,
-                      plugin_errors=errors)
+                      diagnosis=diagnosis, plugin_errors=errors)
         runtime.on_lost_lead = runtime._exit_on_lost_lead
         return runtime
 

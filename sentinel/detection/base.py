@@ -20,6 +20,7 @@ if TYPE_CHECKING:
     from sentinel.clock import Clock
     from sentinel.config import Settings
     from sentinel.detection.catalog import FaultCatalog
+    from sentinel.diagnosis.engine import Diagnoser
     from sentinel.jobs.service import ClosedTask
     from sentinel.live.checkpoints import CheckpointLedger
     from sentinel.live.faults import FaultHistory
@@ -55,6 +56,7 @@ class DetectionContext:
     restarting: Callable[[int, int], bool] = lambda job_id, attempt: False
     checkpoints: CheckpointLedger | None = None  # recent commits per job (the catalog keeps it current)
     network: NetworkView | None = None  # the probe mesh and RDMA ports (sentinel/network/)
+    diagnosis: Diagnoser | None = None  # step-time decomposition and slowdown attribution (sentinel/diagnosis/)
 
     def node_of(self, uuid: str) -> str | None:
         for live in self.fleet.all():

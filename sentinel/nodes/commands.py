@@ -1,4 +1,4 @@
-"""Instructions waiting for an agent (fault drills today). They live in memory: a drill lost to a
+"""Instructions waiting for an agent (fault drills, probes, experiments). They live in memory: a drill lost to a
 server restart is simply run again, and nothing else depends on them."""
 
 from __future__ import annotations
@@ -22,6 +22,15 @@ class CommandQueue:
              argument: float | None) -> NodeCommand:
         command = NodeCommand(id=f"cmd-{next(self._ids)}", kind=kind, accelerator_index=accelerator_index,
                               fault=fault, argument=argument)
+        with self._lock:
+            self._pending.setdefault(node, []).append(command)
+        self._doorbell.ring(node)
+        return command
+
+    def push_experiment(self, node: str, spec: dict[str, object]) -> NodeCommand:
+        """An experiment for the node's agent to run (collectors/experiments.py); its result comes in a report."""
+        command = NodeCommand(id=f"cmd-{next(self._ids)}", kind="experiment", accelerator_index=0,
+                              fault="experiment", spec=dict(spec))
         with self._lock:
             self._pending.setdefault(node, []).append(command)
         self._doorbell.ring(node)

@@ -3,7 +3,8 @@
     agent     collectors/agent.py: Agent.cycle → collectors/push.py: Pusher.send (spooled when the server is away)
     edge      nodes/api.py: receive_report → ReportPipeline.receive (below)
     1 store        pipeline/ingest.py: Ingest.accept: validate, dedup on (node, seq), group commit, fleet view
-    2 live views   ReportPipeline.update_views: job telemetry, task exits, assignments (live/)
+    2 live views   ReportPipeline.update_views: job telemetry, task exits, assignments (live/), the step-time
+                   decomposition and experiment results (diagnosis/)
     3 detect       ReportPipeline.detect → detection/engine.py: DetectionEngine.on_report: event detectors;
                    findings are queued for the incident worker (the request is not held up)
     4 incidents    detection/engine.py: DetectionEngine._write → incidents/lifecycle.py: Incidents.record,
@@ -27,6 +28,7 @@ from sqlalchemy.orm import Session
 from sentinel.accelerators.models import Accelerator
 from sentinel.clock import Clock
 from sentinel.detection.engine import DetectionEngine
+from sentinel.diagnosis.engine import Diagnoser
 from sentinel.jobs.service import ClosedTask
 from sentinel.live.fleet import NodeLive
 from sentinel.live.view import LiveView
@@ -43,7 +45,7 @@ log = logging.getLogger("sentinel.pipeline")
 class ReportPipeline:
     def __init__(self, *, ingest: Ingest, live: LiveView, detection: DetectionEngine,
                  remediation: RemediationEngine, commands: CommandQueue, clock: Clock,
-                 errors: dict[str, int] | None = None):
+                 errors: dict[str, int] | None = None, diagnosis: Diagnoser | None = None):
         self.ingest = ingest
         self.live = live
         self.detection = detection
@@ -51,6 +53,7 @@ class ReportPipeline:
         self.commands = commands
         self.clock = clock
         self.errors = errors if errors is not None else {}
+        self.diagnosis = diagnosis
 
     # -- before the first report ------------------------------------------------------------------------
     def register(self, session: Session, reg: NodeRegistration) -> tuple[Node, list[Accelerator], NodeLive]:
@@ -92,6 +95,8 @@ class ReportPipeline:
             jobs.add(live.name, tasks, self.clock.time())
         if report.probes or report.nics:
             self.live.network.reported(live.name, report.probes, report.nics, self.clock.time())
+        if self.diagnosis is not None:  # the step decomposition, host memory, experiment results
+            self.diagnosis.reported(live.name, tasks, report, self.clock.time())
         for closed in exits:
             jobs.mark_ended(closed.job_id, closed.rank, closed.pid, reason=closed.failure_reason or "",
                             at=self.clock.time())

@@ -9,20 +9,20 @@ from __future__ import annotations
 
 import atexit
 import http.client
-import json
 import logging
 import os
 import resource
 import sys
 import threading
 import time
-import urllib.parse
-import weakref
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from types import TracebackType
-from typing import Any
+from typing import Any, TypeVar
 
+from sentinel.sdk.agent_link import AgentRefused, _AgentConnection
+
+T = TypeVar("T")
 log = logging.getLogger("sentinel.sdk")
 
 DEFAULT_AGENT_URL = "http://127.0.0.1:9481"
@@ -66,6 +66,8 @@ class Telemetry:
         self._in_step = False
         self._step_collective = 0.0
         self._step_exposed: float | None = None
+        self._phases: dict[str, list[float]] = {}  # name → [seconds, of which inside steps]
+        self._experts: dict[str, float] | None = None
         self.sent_batches = 0
         self.dropped_batches = 0
         self.refused_batches = 0  # answered 403: not sent by the process it names, or not the task placed here
@@ -113,18 +115,69 @@ class Telemetry:
             self.record_collective(op, seconds, nbytes, exposed_seconds=seconds)
 
     @contextmanager
+    def phase(self, name: str) -> Iterator[None]:
+        """Time a named part of the loop: `host` (optimizer, Python), `checkpoint`, or a name of the job's own.
+        Inside `step()` it is taken out of the step's compute; between steps, out of its idle time."""
+        started = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.record_phase(name, time.perf_counter() - started)
+
+    def data(self, batches: Iterable[T]) -> Iterator[T]:
+        """Wrap a DataLoader (or any iterable): the time the loop waits for each batch is `data_wait`."""
+        iterator = iter(batches)
+        while True:
+            started = time.perf_counter()
+            try:
+                batch = next(iterator)
+            except StopIteration:
+                return
+            finally:
+                self.record_phase("data_wait", time.perf_counter() - started)
+            yield batch
+
+    def record_phase(self, name: str, seconds: float) -> None:
+        with self._lock:
+            entry = self._phases.get(name)
+            if entry is None:
+                if len(self._phases) >= 16:
+                    return
+                entry = self._phases[name] = [0.0, 0.0]
+            entry[0] += seconds
+            if self._in_step:
+                entry[1] += seconds
+
+    def record_experts(self, tokens_per_expert: Iterable[float], dropped_tokens: int = 0) -> None:
+        """Mixture-of-experts routing of one step: tokens per expert (max ÷ mean is the imbalance) and drops."""
+        counts = [float(c) for c in tokens_per_expert]
+        total = sum(counts)
+        if not counts or total <= 0:
+            return
+        imbalance = max(counts) / (total / len(counts))
+        with self._lock:
+            e = self._experts or {"imbalance": 1.0, "routed_tokens": 0, "dropped_tokens": 0}
+            e["imbalance"] = max(e["imbalance"], imbalance)
+            e["routed_tokens"] += int(total)
+            e["dropped_tokens"] += max(0, int(dropped_tokens))
+            self._experts = e
+
+    @contextmanager
     def pause(self, reason: str = "checkpoint") -> Iterator[None]:
         """Mark time the loop spends between steps on purpose (a checkpoint save, an evaluation): while it
         lasts the server does not judge the rank, or the peers waiting for it, hung by its step cadence
         (`CheckpointManager` marks its own saves)."""
         with self._lock:
             self._pauses.append({"reason": reason[:32] or "pause", "since": time.time()})
+        started = time.perf_counter()
         try:
             yield
         finally:
             with self._lock:
                 self._pauses.pop()
                 self._pause_ended = not self._pauses
+            if reason.isidentifier() and reason.islower():  # a pause is a phase too: its time is not idle
+                self.record_phase(reason[:32], time.perf_counter() - started)
 
     def _note_error(self, exc: Exception) -> None:
         """A step or collective raised (a peer died mid all-reduce): if the process ends without a good step
@@ -144,6 +197,10 @@ class Telemetry:
             entry[0] += 1
             entry[1] += seconds
             entry[2] += nbytes
+            if op.replace("_", "").startswith("alltoall"):  # MoE dispatch/combine, apart from all-reduce
+                phase = self._phases.setdefault("all_to_all", [0.0, 0.0])
+                phase[0] += seconds
+                phase[1] += seconds if self._in_step else 0.0
             if self._in_step:
                 self._step_collective += seconds
                 if exposed_seconds is not None:
@@ -193,7 +250,7 @@ class Telemetry:
     def take_batch(self) -> dict[str, Any] | None:
         with self._lock:
             if not (self._steps or self._collectives or self._failure or self._model or self._pauses
-                    or self._pause_ended):
+                    or self._pause_ended or self._phases):
                 return None
             batch = {"job_id": self.job_id, "rank": self.rank, "attempt": self.attempt, "pid": self.pid,
                      "steps": self._steps, "collectives": self._collectives, "model": self._model,
@@ -201,7 +258,12 @@ class Telemetry:
                      "memory_source": peak_memory_bytes()[1], "dropped_batches": self.dropped_batches}
             if self._pauses:
                 batch["pause"] = dict(self._pauses[0])
+            if self._phases:
+                batch["phases"] = {name: tuple(v) for name, v in self._phases.items()}
+            if self._experts is not None:
+                batch["experts"] = self._experts
             self._steps, self._collectives, self._failure, self._pause_ended = [], {}, None, False
+            self._phases, self._experts = {}, None
             return batch
 
     def flush(self, timeout_seconds: float = 2.0) -> bool:
@@ -279,65 +341,3 @@ def _peak_rss() -> int:
     except (OSError, ValueError, IndexError):
         pass
     return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024
-
-
-class AgentRefused(ValueError):
-    """The agent answered 403, with its reason (collectors/sdk_gate.py)."""
-
-
-class _AgentConnection:
-    """One keep-alive connection to the agent, reopened after any error; safe from several threads.
-
-    A forked child (a data-loader worker) gets a connection of its own: the agent takes each connection for
-    the process that opened it, and two processes writing on one socket would interleave their requests."""
-
-    def __init__(self, base_url: str):
-        url = urllib.parse.urlsplit(base_url)
-        self._host, self._port = url.hostname or "127.0.0.1", url.port or 80
-        self._conn: http.client.HTTPConnection | None = None
-        self._lock = threading.Lock()
-        _CONNECTIONS.add(self)
-
-    def _forget_after_fork(self) -> None:
-        self._lock = threading.Lock()  # it may have been held by a thread the fork did not copy
-        self._conn = None  # the parent's socket stays open for the parent
-
-    def post_json(self, path: str, body: Any, timeout_seconds: float) -> None:
-        payload = json.dumps(body, allow_nan=False)
-        with self._lock:
-            if self._conn is None:
-                self._conn = http.client.HTTPConnection(self._host, self._port, timeout=timeout_seconds)
-            conn = self._conn
-            if conn.sock is not None:
-                conn.sock.settimeout(timeout_seconds)
-            try:
-                conn.request("POST", path, body=payload, headers={"content-type": "application/json"})
-                response = conn.getresponse()
-                body = response.read()
-            except BaseException:
-                conn.close()
-                self._conn = None
-                raise
-            if response.status == 403:
-                raise AgentRefused(_detail(body))
-            if response.status >= 300:
-                raise ValueError(f"agent answered {response.status}")
-
-
-_CONNECTIONS: weakref.WeakSet[_AgentConnection] = weakref.WeakSet()
-
-
-def _detail(body: bytes) -> str:
-    try:
-        return str(json.loads(body)["detail"])
-    except (ValueError, KeyError, TypeError):
-        return f"agent answered 403: {body[:200]!r}"
-
-
-def _after_fork_in_child() -> None:
-    for connection in list(_CONNECTIONS):
-        connection._forget_after_fork()
-
-
-if hasattr(os, "register_at_fork"):
-    os.register_at_fork(after_in_child=_after_fork_in_child)

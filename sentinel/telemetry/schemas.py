@@ -6,7 +6,7 @@ rejects NaN and Inf, every list and string is bounded: validation happens at the
 
 from __future__ import annotations
 
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import AwareDatetime, BaseModel, BeforeValidator, ConfigDict, Field, model_validator
 
@@ -188,6 +188,23 @@ class ProbeResult(WireModel):
         return max(0.0, 1.0 - self.received / self.sent)
 
 
+ExperimentId = Annotated[str, Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9._:-]+$")]
+
+
+class ExperimentResult(WireModel):
+    """What an agent measured for an experiment the server asked for (collectors/experiments.py). `value` is in
+    `unit`; `error` says why there is no value (failed, timed out, not possible here): never a made-up result."""
+
+    id: ExperimentId
+    kind: Annotated[str, Field(min_length=1, max_length=32)]
+    value: Annotated[float, Field(ge=0.0, le=1e18)] | None = None
+    unit: Annotated[str, Field(max_length=32)] = ""
+    detail: Annotated[str, Field(max_length=1024)] = ""
+    error: Annotated[str, Field(max_length=1024)] | None = None
+    started_at: UnixTime
+    ended_at: UnixTime
+
+
 class CollectiveTotals(WireModel):
     count: Count
     seconds: Seconds
@@ -219,6 +236,20 @@ class TaskModel(WireModel):
     accelerator_model: Annotated[str, Field(max_length=128)] | None = None
 
 
+# A named part of a step the SDK timed (`Telemetry.phase`, `Telemetry.data`, `pause`): data_wait, checkpoint,
+# host, all_to_all, evaluation, or a job's own name
+PhaseName = Annotated[str, Field(min_length=1, max_length=32, pattern=r"^[a-z][a-z0-9_]*$")]
+
+
+class ExpertLoad(WireModel):
+    """Mixture-of-experts routing over an interval (SDK `Telemetry.record_experts`): max ÷ mean tokens per expert
+    (1.0 is perfectly balanced) and the tokens dropped for capacity."""
+
+    imbalance: Annotated[float, Field(ge=1.0, le=1e6)]
+    routed_tokens: Count = 0
+    dropped_tokens: Count = 0
+
+
 class TaskTelemetry(WireModel):
     """One task's (rank's) telemetry over one agent interval, summed from the SDK's batches."""
 
@@ -242,6 +273,15 @@ class TaskTelemetry(WireModel):
     failure: TaskFailure | None = None
     dropped_batches: Count = 0
     pause: TaskPause | None = None  # as the interval's latest batch said; None: not paused
+    # step-time decomposition (sentinel/diagnosis): wall time from one step's end to the next's, summed over
+    # `iterations` steps; named phases' seconds, and the part of them spent inside steps; MoE routing
+    iterations: Count = 0
+    iteration_seconds: Seconds = 0.0
+    phases: Annotated[dict[PhaseName, Seconds], Field(max_length=16)] = {}
+    phases_in_step_seconds: Seconds = 0.0
+    experts: ExpertLoad | None = None
+    # of the time the task's threads were runnable, the share spent waiting for a CPU (/proc/<pid>/schedstat)
+    cpu_wait_ratio: Ratio | None = None
 
 
 class TaskExit(WireModel):
@@ -269,6 +309,7 @@ class NodeReport(WireModel):
     task_exits: Annotated[list[TaskExit], Field(max_length=256)] = []
     nics: Annotated[list[NicPort], Field(max_length=64)] = []
     probes: Annotated[list[ProbeResult], Field(max_length=256)] = []
+    experiments: Annotated[list[ExperimentResult], Field(max_length=16)] = []
 
 
 class SdkBatch(WireModel):
@@ -289,6 +330,9 @@ class SdkBatch(WireModel):
     memory_source: Annotated[str, Field(max_length=16)] | None = None
     dropped_batches: Count = 0
     pause: TaskPause | None = None  # sent only while paused, so an older agent refuses only those batches
+    # phase → (seconds, of which inside steps); sent only when timed, so an older agent refuses only those
+    phases: Annotated[dict[PhaseName, tuple[Seconds, Seconds]], Field(max_length=16)] = {}
+    experts: ExpertLoad | None = None
 
 
 class Assignment(BaseModel):
@@ -304,10 +348,12 @@ class NodeCommand(BaseModel):
     """An instruction for the agent, e.g. a fault drill on a simulated accelerator."""
 
     id: str
-    kind: Literal["inject", "probe"]
+    kind: Literal["inject", "probe", "experiment"]
     accelerator_index: int
     fault: str
     argument: float | None = None
+    # kind "experiment": what to measure (collectors/experiments.py), e.g. {"kind": "cpu", "pids": [..]}
+    spec: dict[str, Any] | None = None
 
 
 class ProbeTarget(BaseModel):

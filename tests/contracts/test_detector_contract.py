@@ -30,7 +30,7 @@ from sentinel.live.fleet import NodeLive
 from sentinel.remediation import policy
 from sentinel.telemetry.schemas import NodeReport
 from tests.contracts.conftest import implementations
-from tests.detection import network_scenarios, scenarios
+from tests.detection import diagnosis_scenarios, network_scenarios, scenarios
 from tests.detection.scenarios import Outcome, Stream
 from tests.detection.streams import START, GiB, World, assert_dense, fired
 
@@ -62,6 +62,7 @@ TRUE_POSITIVES: dict[str, Callable[[], Outcome]] = {
     "mfu_drop": scenarios.mfu_drop,
     "nic_counters": network_scenarios.symbol_errors,
     "probe_mesh": network_scenarios.slow_links,
+    "slowdown": diagnosis_scenarios.slowdown,
     "straggler": scenarios.straggler,
     "task_exit": scenarios.task_exit,
     "throttle": scenarios.throttle,
@@ -79,6 +80,7 @@ TWO_SUBJECTS: dict[str, Callable[[], Outcome]] = {
     "mfu_drop": lambda: scenarios.two_jobs(DETECTORS["mfu_drop"], lambda t, rank: 1.5 if t > 35 * 60 else 1.0),
     "nic_counters": lambda: network_scenarios.symbol_errors(nodes=("node-x", "node-y")),
     "probe_mesh": lambda: network_scenarios.slow_links(links=((1, 2), (4, 5)), nodes=8),
+    "slowdown": diagnosis_scenarios.two_jobs,
     "straggler": lambda: scenarios.two_jobs(DETECTORS["straggler"], lambda t, rank: 1.5 if rank else 1.0, seconds=120),
     "task_exit": lambda: scenarios.task_exit(jobs=(6, 8)),
     "throttle": scenarios.throttle_pair,
@@ -95,6 +97,7 @@ CLEARS: dict[str, Callable[[], Outcome]] = {
     "mfu_drop": scenarios.mfu_drop_recovers,
     "nic_counters": lambda: network_scenarios.symbol_errors(growing=lambda t: t <= 100, seconds=600.0),
     "probe_mesh": lambda: network_scenarios.slow_links(until=lambda t: t <= 60, seconds=200.0),
+    "slowdown": diagnosis_scenarios.clears,
     "straggler": lambda: scenarios.straggler(slow=lambda t: 1.5 if t <= 120 else 1.0, seconds=480.0),
     "task_exit": lambda: scenarios.task_exit(restart_at=90.0, seconds=120.0),
     "throttle": lambda: scenarios.throttle(pattern=[False] * 4 + [True] * 8 + [False] * 4),

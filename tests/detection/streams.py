@@ -10,6 +10,8 @@ from typing import Any
 from sentinel.config import Settings
 from sentinel.detection.base import DetectionContext, Detector, Evaluation
 from sentinel.detection.catalog import FaultCatalog
+from sentinel.diagnosis.components import ComponentStore
+from sentinel.diagnosis.engine import Diagnoser
 from sentinel.incidents.findings import Finding
 from sentinel.live.checkpoints import CheckpointLedger
 from sentinel.live.faults import Fault, FaultHistory
@@ -22,7 +24,7 @@ from tests.conftest import FakeClock
 
 GiB = 2**30
 START = 1_800_000_000.0
-LAYERS = {"hardware", "interconnect", "compute", "input_pipeline", "checkpoint_io", "software"}
+LAYERS = {"hardware", "interconnect", "compute", "input_pipeline", "checkpoint_io", "host", "software"}
 
 
 class World:
@@ -37,10 +39,11 @@ class World:
         self.history = FaultHistory()
         self.assignments: dict[int, list[Assignment]] = {}
         self.checkpoints = CheckpointLedger()
+        self.components = ComponentStore()
         self.ctx = DetectionContext(settings=self.settings, clock=self.clock, fleet=self.fleet, samples=self.samples,
                                     jobs=self.jobs, catalog=FaultCatalog.load(),
                                     history=self.history, assignments=lambda: self.assignments,
-                                    checkpoints=self.checkpoints)
+                                    checkpoints=self.checkpoints, diagnosis=Diagnoser(self.components))
         self._last_step: dict[tuple[int, int], int] = {}
 
     @property
@@ -83,6 +86,24 @@ class World:
             last_step=last, step_seconds=step_seconds, tokens=tokens_per_step * len(step_seconds),
             busy_seconds=busy, collective_seconds=collective_share * busy,
             model=TaskModel(flops_per_token=flops_per_token, peak_flops_per_accelerator=peak_flops))], self.now)
+
+    def decomposed(self, node: str, job_id: int, rank: int, steps: int, *, compute: float, communication: float = 0.0,
+                   data_wait: float = 0.0, checkpoint: float = 0.0, host: float = 0.0, idle: float = 0.0,
+                   cpu_wait: float | None = None, tokens_per_step: int = 4096, attempt: int = 0) -> None:
+        """One agent interval of one rank whose steps split as given (seconds per step): the SDK's decomposition
+        (sentinel/diagnosis/components.py) as the agent relays it."""
+        last = self._last_step.get((job_id, rank), 0) + steps
+        self._last_step[(job_id, rank)] = last
+        busy = compute + communication
+        iteration = busy + data_wait + checkpoint + host + idle
+        phases = {k: v * steps for k, v in (("data_wait", data_wait), ("checkpoint", checkpoint), ("host", host)) if v}
+        task = TaskTelemetry(
+            job_id=job_id, rank=rank, attempt=attempt, pid=1000 + rank + 100 * attempt, steps=steps, last_step=last,
+            step_seconds=[busy] * steps, tokens=tokens_per_step * steps, busy_seconds=busy * steps,
+            collective_seconds=communication * steps, exposed_collective_seconds=communication * steps,
+            iterations=steps, iteration_seconds=iteration * steps, phases=phases, cpu_wait_ratio=cpu_wait)
+        self.jobs.add(node, [task], self.now)
+        self.components.add(node, [task], self.now)
 
     def fault(self, node: str, accelerator: str | None, *, days_ago: float = 0.0, kind: str = "xid",
               xid: int | None = 48, severity: str = "critical") -> None:
