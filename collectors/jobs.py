@@ -157,28 +157,23 @@ class TaskRelay:
 
 
 class RunQueueMeter:
-    """Of the time a task's threads were runnable, the share they waited for a CPU, between two readings of
-    /proc/<pid>/task/*/schedstat (ns on CPU, ns waiting on a run queue). CPU contention from another process
-    shows here; a stopped process or one blocked on I/O or a collective does not wait on a run queue."""
+    """Of the time a task's main thread was runnable, the share it waited for a CPU, between two readings of
+    /proc/<pid>/task/<pid>/schedstat (ns on CPU, ns waiting on a run queue). CPU contention from another
+    process shows here; a stopped process, or one blocked on I/O or a collective, does not wait on a run queue.
+    The main thread is the one that drives the steps; helper threads (communication, the SDK's sender) wake
+    often and briefly, and on a busy core their waits would blur the figure."""
 
     def __init__(self, proc_root: str = "/proc") -> None:
         self._root = proc_root
         self._last: dict[int, tuple[int, int]] = {}
 
     def read(self, pid: int) -> tuple[int, int] | None:
-        run = wait = 0
         try:
-            tids = os.listdir(f"{self._root}/{pid}/task")
-        except OSError:
+            with open(f"{self._root}/{pid}/task/{pid}/schedstat", "rb") as fh:
+                fields = fh.read().split()
+            return int(fields[0]), int(fields[1])
+        except (OSError, ValueError, IndexError):
             return None
-        for tid in tids:
-            try:
-                with open(f"{self._root}/{pid}/task/{tid}/schedstat", "rb") as fh:
-                    fields = fh.read().split()
-                run, wait = run + int(fields[0]), wait + int(fields[1])
-            except (OSError, ValueError, IndexError):
-                continue  # a thread that ended between the listing and the read
-        return run, wait
 
     def measure(self, pids: set[int]) -> dict[int, float]:
         out: dict[int, float] = {}
