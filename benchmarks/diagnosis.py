@@ -41,7 +41,6 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-
 from support import REPO, BenchError, load, machine, say
 
 sys.path.insert(0, str(REPO))

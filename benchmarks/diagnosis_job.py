@@ -78,7 +78,7 @@ for batch in tel.data(loader):
         with tel.phase("host"):
             optimizer.step()
             optimizer.zero_grad()
-    step += 1
+    step += 1  # noqa: SIM113 - the loop is over batches; steps are counted apart
     if step % ckpt_every == 0:
         with tel.pause("checkpoint"):
             path = ckpt_dir / f"rank{rank}.pt"

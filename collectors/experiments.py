@@ -85,10 +85,21 @@ def cpu_contention(pids: list[int], seconds: float) -> tuple[float, str, str]:
         raise ExperimentError(f"the task processes {pids} are gone or unreadable")
     after = _cpu_times(ours)
     used = sorted(((after[p][0] - before[p][0], p, after[p][1]) for p in after if p in before), reverse=True)
-    others = [f"pid {p} `{name}` {cpu / seconds:.2f} cores" for cpu, p, name in used[:3] if cpu / seconds >= 0.1]
+    cpus = _affinity(pids[0])
+    busy = [(cpu, p, name, _affinity(p) <= cpus) for cpu, p, name in used[:10] if cpu / seconds >= 0.1]
+    busy.sort(key=lambda b: (not b[3], -b[0]))  # those confined to the task's CPUs first: they compete for sure
+    others = [f"pid {p} `{name}` {cpu / seconds:.2f} cores{' on its CPUs only' if mine else ''}"
+              for cpu, p, name, mine in busy[:4]]
     wait = max(waits.values())
     return wait, "ratio", (f"the task waited {wait:.0%} of its runnable time for a CPU; "
                            + (f"also running: {', '.join(others)}" if others else "no other process used ≥ 0.1 core"))
+
+
+def _affinity(pid: int) -> set[int]:
+    try:
+        return set(os.sched_getaffinity(pid))
+    except OSError:
+        return set(range(os.cpu_count() or 1))
 
 
 def _cpu_times(exclude: set[int]) -> dict[int, tuple[float, str]]:

@@ -3,7 +3,8 @@
 Readings follow real load: the CPU share and resident memory of the task processes the server
 placed on an accelerator drive its utilization, memory, power and temperature. Faults injected
 with `sentinel inject` are reported the way NVML would (an XID event, ECC counters, thermal
-throttling, the device going missing). Everything it reports says `sim` in its uuid and model.
+throttling, the device going missing); a `slow` accelerator really slows the tasks on it (a SIGSTOP/SIGCONT duty
+cycle to 1/factor), so the job's own timings show it. Everything it reports says `sim` in its uuid and model.
 """
 
 from __future__ import annotations
