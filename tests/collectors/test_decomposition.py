@@ -89,7 +89,7 @@ def test_disk_and_exchange_experiments_measure_or_say_why_not(tmp_path: Path):
         assert rate > 1e6 and "bus bandwidth" in detail and listener.served_total <= 1
     finally:
         listener.close()
-    with pytest.raises(ExperimentError, match="failed|timed out"):
+    with pytest.raises(ExperimentError, match=r"failed|timed out"):
         exchange(listener.address, 2**20, 2.0)
     command = NodeCommand(id="cmd-1", kind="experiment", accelerator_index=0, fault="experiment",
                           spec={"id": "exp-1", "kind": "gemm"})
