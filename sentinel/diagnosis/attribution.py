@@ -21,7 +21,7 @@ import statistics
 from dataclasses import dataclass
 
 from sentinel.diagnosis.components import COMPONENTS, LAYER_OF, RankProfile
-from sentinel.diagnosis.schemas import ComponentChange, ExperimentProposal, RuledOut
+from sentinel.diagnosis.schemas import ComponentChange, ExperimentKind, ExperimentProposal, RuledOut
 from sentinel.diagnosis.signals import MEMORY_PRESSURE, RankSignals
 from sentinel.live.samples import throttle_flags
 
@@ -50,6 +50,17 @@ class Attribution:
     ruled_out: list[RuledOut]
     signals: dict[str, object]
     experiment: ExperimentProposal
+
+
+# component → (layer, what grew, the experiment, why, what confirms it): the components one experiment settles
+STAGES: dict[str, tuple[str, str, ExperimentKind, str, str]] = {
+    "data_wait": ("input_pipeline", "the loop waits for its data loader", "data_loader",
+                  "time the loader's delivery over a fresh window",
+                  "confirmed if it delivers under 0.5× the batches/s it did at baseline"),
+    "checkpoint": ("checkpoint_io", "checkpoint saves stall the loop", "disk_write",
+                   "measure write + fsync throughput of the checkpoint directory",
+                   "confirmed below 0.5× the throughput calibrated while the job was healthy"),
+}
 
 
 def iteration_of(profiles: dict[int, RankProfile]) -> float:
@@ -98,20 +109,11 @@ def _layer(component: str, grew: list[int], ranks: list[int], base: dict[int, Ra
     nodes = sorted({now[r].node for r in ranks})
     peer = next((n for n in nodes if n != node), node)
     ruled: list[RuledOut] = []
-    if component == "data_wait":
-        return ("input_pipeline", f"the loop waits for its data loader {_dur(now[first].components['data_wait'])} "
-                f"per step (was {_dur(base[first].components['data_wait'])})",
-                ExperimentProposal(kind="data_loader", rank=first, node=node,
-                                   why="time the loader's delivery rate against the rate the step needs",
-                                   expect="confirmed if the loader delivers fewer batches/s than the step consumes"),
-                False, ruled)
-    if component == "checkpoint":
-        return ("checkpoint_io", f"checkpoint saves stall the loop {_dur(now[first].components['checkpoint'])} per "
-                f"step (was {_dur(base[first].components['checkpoint'])})",
-                ExperimentProposal(kind="disk_write", node=node, rank=first,
-                                   why="measure write + fsync throughput of the checkpoint directory",
-                                   expect="confirmed below 0.5× the throughput calibrated while the job was healthy"),
-                False, ruled)
+    if component in STAGES:
+        layer, what, kind, why, expect = STAGES[component]
+        return (layer, f"{what} {_dur(now[first].components[component])} per step (was "
+                f"{_dur(base[first].components[component])})",
+                ExperimentProposal(kind=kind, rank=first, node=node, why=why, expect=expect), False, ruled)
     if component in ("communication", "all_to_all"):
         what = "all-to-all (MoE dispatch/combine)" if component == "all_to_all" else "exposed communication"
         return ("interconnect", f"{what} grew on every rank, compute did not",
