@@ -138,6 +138,8 @@ class Telemetry:
             yield batch
 
     def record_phase(self, name: str, seconds: float) -> None:
+        """`name` as the wire takes it (lowercase letters, digits, `_`; 32 at most): "Eval-1" counts as "eval_1"."""
+        name = _phase_name(name)
         with self._lock:
             entry = self._phases.get(name)
             if entry is None:
@@ -176,8 +178,7 @@ class Telemetry:
             with self._lock:
                 self._pauses.pop()
                 self._pause_ended = not self._pauses
-            if reason.isidentifier() and reason.islower():  # a pause is a phase too: its time is not idle
-                self.record_phase(reason[:32], time.perf_counter() - started)
+            self.record_phase(reason, time.perf_counter() - started)  # a pause is a phase too: its time is not idle
 
     def _note_error(self, exc: Exception) -> None:
         """A step or collective raised (a peer died mid all-reduce): if the process ends without a good step
@@ -313,6 +314,11 @@ class Telemetry:
                 previous(exc_type, exc, tb)
 
         sys.excepthook = hook
+
+
+def _phase_name(name: str) -> str:
+    clean = "".join(ch if ch.isascii() and (ch.isalnum() or ch == "_") else "_" for ch in name.lower())[:32]
+    return clean if clean[:1].isalpha() else ("p" + clean)[:32] if clean else "pause"
 
 
 def peak_memory_bytes() -> tuple[int, str]:

@@ -125,3 +125,12 @@ def test_a_slowed_sim_accelerator_really_slows_the_task_on_it():
     finally:
         task.kill()
         task.wait()
+
+
+def test_any_phase_or_pause_name_becomes_one_the_wire_takes():
+    tel = Telemetry(job_id=3, rank=0, start_thread=False)
+    with tel.phase("Eval-1"), tel.pause("Save to S3"):
+        pass
+    raw = tel.take_batch()
+    assert raw is not None and set(raw["phases"]) == {"eval_1", "save_to_s3"}
+    SdkBatch.model_validate(raw | {"pid": os.getpid()})  # the agent would take it
