@@ -118,6 +118,11 @@ class ComponentStore:
         with self._lock:
             return {r: rank.attempt for r, rank in self._jobs.get(job_id, {}).items()}
 
+    def newest(self, job_id: int) -> float | None:
+        with self._lock:
+            ranks = self._jobs.get(job_id, {})
+            return max((r.samples[-1].at for r in ranks.values() if r.samples), default=None)
+
     def first_seen(self, job_id: int) -> float | None:
         with self._lock:
             ranks = self._jobs.get(job_id, {})

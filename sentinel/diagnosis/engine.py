@@ -107,6 +107,9 @@ class Diagnoser:
         first = self.store.first_seen(job_id)
         if not recent or first is None:
             self.status.pop(job_id, None)
+            newest = self.store.newest(job_id)
+            if newest is None or now - newest > self.store.window_seconds:  # ended long ago: let it go
+                self.forget(job_id)
             return None
         base = self.baselines.get(job_id)
         attempts = self.store.attempts(job_id)
