@@ -100,11 +100,11 @@ class ProbeResponder:
             if not self._allow():
                 self.limited_total += 1
                 continue
+            self.answered_total += 1  # counted before the send, so whoever holds the reply sees the count
             try:
                 self.sock.sendto(REPLY + data[4:], peer)
-                self.answered_total += 1
             except OSError:
-                pass  # the prober's route is gone: it will count the loss
+                self.answered_total -= 1  # the prober's route is gone: it will count the loss
 
     def close(self) -> None:
         self._stop.set()

@@ -25,6 +25,7 @@ from sentinel.diagnosis.schemas import (
     RankRow,
     TimelinePoint,
 )
+from sentinel.errors import CONFLICT
 from sentinel.jobs.models import Job
 
 log = logging.getLogger("sentinel.diagnosis")
@@ -56,7 +57,7 @@ def diagnosis(job_id: IdPath, sessions: Sessions, engine: Diagnosis) -> Diagnosi
     return found
 
 
-@router.post("/{job_id}/experiments", response_model=ExperimentOut, status_code=202)
+@router.post("/{job_id}/experiments", response_model=ExperimentOut, status_code=202, responses=CONFLICT)
 def run_experiment(job_id: IdPath, body: ExperimentRequest, sessions: Sessions, engine: Diagnosis,
                    clock: ServerClock, who: Annotated[Principal, Depends(allow(OPERATE))]) -> ExperimentOut:
     """Run an experiment for the job: the diagnosis's proposal when the body names no kind. Answers at once
