@@ -119,7 +119,7 @@ def require_slurm() -> None:
         pytest.skip(problem)
 
 
-def write_config(root: Path, munge_socket: Path) -> Path:
+def write_config(root: Path, munge_socket: Path, extra: str = "") -> Path:
     host = socket.gethostname().split(".")[0]
     conf = root / "slurm.conf"
     conf.write_text(f"""\
@@ -149,7 +149,7 @@ MpiDefault=none
 SchedulerParameters=batch_sched_delay=0,sched_interval=5
 NodeName={SLURM_NODE} NodeHostname={host} NodeAddr=127.0.0.1 CPUs=1 RealMemory=100 State=UNKNOWN
 PartitionName=debug Nodes={SLURM_NODE} Default=YES MaxTime=INFINITE State=UP
-""")
+{extra}""")
     return conf
 
 
@@ -189,14 +189,15 @@ def stop(cluster: SlurmCluster) -> None:
 
 
 @contextlib.contextmanager
-def running_cluster(root: Path) -> Iterator[SlurmCluster]:
-    """One node, `SLURM_NODE`, idle and ready (~1 s); every daemon stopped on the way out."""
+def running_cluster(root: Path, extra_conf: str = "") -> Iterator[SlurmCluster]:
+    """One node, `SLURM_NODE`, idle and ready (~1 s); every daemon stopped on the way out. `extra_conf`:
+    slurm.conf lines added at the end (a Prolog, say)."""
     require_slurm()
     for sub in ("state", "spool"):
         (root / sub).mkdir()
     cluster = SlurmCluster(root=root, conf=root / "slurm.conf")
     try:
-        write_config(root, start_munged(cluster))
+        write_config(root, start_munged(cluster), extra_conf)
         start(cluster, "slurmctld", ["slurmctld", "-D", "-i"])
         start(cluster, "slurmd", ["slurmd", "-D", "-N", SLURM_NODE])
         cluster.wait_node_idle()
