@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import contextlib
 import logging
 import os
 import signal
@@ -100,11 +99,31 @@ def cmd_collector(args: argparse.Namespace) -> int:
         "agent started: node=%s server=%s sources=%s interval=%gs metrics=http://%s:%d/metrics spool=%s",
         config.node, config.server_url, ",".join(s.name for s in agent.sources), config.interval_seconds,
         config.listen_host, bound, agent.spool.directory)
+    # SIGINT as SIGTERM: a KeyboardInterrupt raised wherever the main thread is (inside a lock it holds) can
+    # leave the stop waiting on that lock for ever.
     signal.signal(signal.SIGTERM, lambda *_: agent._stop.set())
-    with contextlib.suppress(KeyboardInterrupt):
-        agent.run_forever()
-    agent.stop()
+    signal.signal(signal.SIGINT, lambda *_: agent._stop.set())
+    agent.run_forever()
+    _stop_within(agent.stop, seconds=20.0)
     return 0
+
+
+def _stop_within(stop: Any, seconds: float) -> None:
+    """Run `stop`; if it has not returned in `seconds`, print every thread's stack (what it waits on) and exit
+    1, so a stuck stop says why instead of hanging the node's shutdown."""
+    import faulthandler
+    import threading
+
+    done = threading.Event()
+
+    def watchdog() -> None:
+        if not done.wait(seconds):
+            logging.getLogger("sentinel.agent").error("agent did not stop in %gs; its threads:", seconds)
+            faulthandler.dump_traceback(all_threads=True)
+            os._exit(1)
+    threading.Thread(target=watchdog, name="sentinel-agent-stop-watchdog", daemon=True).start()
+    stop()
+    done.set()
 
 
 def cmd_status(args: argparse.Namespace) -> int:
