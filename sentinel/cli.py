@@ -12,6 +12,7 @@ from typing import Any
 
 import httpx
 
+from sentinel import cells
 from sentinel.auth import cli as auth_cli
 from sentinel.client import ApiError, SentinelClient, resolve_token
 from sentinel.config import load_settings
@@ -127,6 +128,8 @@ def _stop_within(stop: Any, seconds: float) -> None:
 
 
 def cmd_status(args: argparse.Namespace) -> int:
+    if args.cells:  # several cells: one table with a CELL column (sentinel/cells.py)
+        return cells.cmd_status(args)
     client = _client(args)
     nodes = client.get("/nodes")
     accelerators = client.get("/accelerators")
@@ -308,6 +311,7 @@ def _collector_parser(sub: Any) -> None:
 def _read_parsers(sub: Any) -> None:
     p = sub.add_parser("status", help="the fleet as tables")
     _remote(p)
+    cells.add_arguments(p)
     p.set_defaults(fn=cmd_status)
     p = sub.add_parser("jobs", help="registered jobs")
     _remote(p)

@@ -162,6 +162,9 @@ class Settings(BaseSettings):
     leader_check_seconds: float = Field(default=1.0, gt=0, le=60)
     ha_lock_name: str = "sentinel"
     server_name: str = ""  # in logs and pg_stat_activity; default host:port
+    # Cells (docs/cells.md): this server's cell, added as a `cell` label to every alert it sends (Alertmanager,
+    # webhook, PagerDuty, Slack), so that one Alertmanager cluster tells cells apart even where node names repeat.
+    cell: str = Field(default="", max_length=63, pattern=r"^([A-Za-z0-9][A-Za-z0-9._-]*)?$")
 
     @field_validator("database_url")
     @classmethod

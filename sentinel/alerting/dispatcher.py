@@ -227,7 +227,7 @@ class Dispatcher:
                     return self._hold_follow_up(row, trigger)
             try:
                 request = notifiers.render(receiver, incident, row.event, now, external_url=self.external_url,
-                                           resend_seconds=self.settings.alert_resend_seconds)
+                                           resend_seconds=self.settings.alert_resend_seconds, cell=self.settings.cell)
             except ValueError as exc:
                 return self._fail_unsent(row, f"cannot render: {exc}")
             return Prepared(row.id, row.incident_id, receiver, row.event, row.attempts + 1, request)
@@ -326,7 +326,7 @@ class Dispatcher:
                     .order_by(Incident.id)))
                 requests = [(len(chunk), alertmanager.alerts_request(
                                 receiver, chunk, now, external_url=self.external_url,
-                                resend_seconds=self.settings.alert_resend_seconds))
+                                resend_seconds=self.settings.alert_resend_seconds, cell=self.settings.cell))
                             for chunk in _chunks(incidents, REFRESH_CHUNK)]
             for size, request in requests:
                 outcome = self.send(receiver, request)

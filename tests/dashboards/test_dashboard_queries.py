@@ -42,7 +42,7 @@ PROVISIONING = GRAFANA / "provisioning"
 PROMETHEUS_DIR = ROOT / "dashboards" / "prometheus"
 EXAMPLE_CONFIG = PROMETHEUS_DIR / "prometheus.yml"
 DASHBOARDS = ("fleet-overview.json", "training-jobs.json", "incidents-recovery.json", "serving.json")
-VARIABLES = {"datasource", "cluster", "node", "job"}
+VARIABLES = {"datasource", "cell", "cluster", "node", "job"}
 DATASOURCE_UID = "${datasource}"
 INSTANT_PANELS = {"stat", "gauge", "bargauge", "table", "piechart"}
 SECRET = "dashboards-secret"
@@ -55,6 +55,7 @@ KNOWN_LINT: set[tuple[str, str]] = set()  # promtool findings accepted for now: 
 # What Grafana would put in place of its variables when the test asks Prometheus directly.
 RATE_INTERVAL, RANGE = "10s", "1m"
 _CLUSTER_MATCHER = re.compile(r'cluster\s*=~?\s*"\$(?:cluster|\{cluster\})"')
+_CELL_MATCHER = re.compile(r'cell\s*=~\s*"\$(?:cell|\{cell\})"')  # docs/cells.md: a federated Prometheus
 _LABEL_VALUES = re.compile(r"^label_values\((?:(?P<selector>.+),\s*)?(?P<label>[a-zA-Z_]\w*)\)$", re.DOTALL)
 
 
@@ -86,7 +87,7 @@ def substitute(text: str, *, job: str, node: str) -> str:
     """Grafana's interpolation, as far as these dashboards use it: All clusters is `.*` with `=~`."""
     text = _CLUSTER_MATCHER.sub('cluster=~".*"', text)
     for name, value in (("__rate_interval", RATE_INTERVAL), ("__interval", RATE_INTERVAL), ("__range", RANGE),
-                        ("datasource", ""), ("cluster", ".*"), ("job", job), ("node", node)):
+                        ("datasource", ""), ("cell", ".*"), ("cluster", ".*"), ("job", job), ("node", node)):
         text = text.replace("${" + name + "}", value)
         text = re.sub(r"\$" + re.escape(name) + r"\b", value, text)
     return text
@@ -156,6 +157,8 @@ def test_dashboard_is_valid_and_complete(name: str) -> None:
                                 f"know: {expr}")
             elif "sentinel_" in expr and not _CLUSTER_MATCHER.search(expr):
                 problems.append(f"{title} {target.get('refId')}: does not filter on $cluster: {expr}")
+            elif "sentinel_" in expr and not _CELL_MATCHER.search(expr):
+                problems.append(f"{title} {target.get('refId')}: does not filter on $cell: {expr}")
     if len(ids) != len(set(ids)):
         problems.append(f"panel ids are not unique: {ids}")
     assert not problems, f"{name}:\n" + "\n".join(problems)

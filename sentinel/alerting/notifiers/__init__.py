@@ -20,7 +20,7 @@ __all__ = ["DEFAULT_EXTERNAL_URL", "NOTIFIERS", "Notifier", "OutboundRequest", "
 
 class Render(Protocol):
     def __call__(self, receiver: ReceiverConfig, incident: Incident, event: str, now: datetime, *,
-                 external_url: str | None, resend_seconds: float) -> OutboundRequest: ...
+                 external_url: str | None, resend_seconds: float, cell: str = "") -> OutboundRequest: ...
 
 
 @dataclass(frozen=True)
@@ -44,10 +44,11 @@ def sends(kind: str, event: str) -> bool:
 
 
 def render(receiver: ReceiverConfig, incident: Incident, event: str, now: datetime, *,
-           external_url: str | None = None, resend_seconds: float = 60.0) -> OutboundRequest:
-    """The request that tells `receiver` about `event` on `incident`. ValueError for an unknown kind or event."""
+           external_url: str | None = None, resend_seconds: float = 60.0, cell: str = "") -> OutboundRequest:
+    """The request that tells `receiver` about `event` on `incident`. ValueError for an unknown kind or event.
+    `cell` (the server's `cell` setting) is added to the labels of what is sent."""
     notifier = NOTIFIERS.get(receiver.kind)
     if notifier is None:
         raise ValueError(f"no notifier for receiver kind {receiver.kind!r}")
     return notifier.render(receiver, incident, event, now, external_url=external_url or DEFAULT_EXTERNAL_URL,
-                           resend_seconds=resend_seconds)
+                           resend_seconds=resend_seconds, cell=cell)

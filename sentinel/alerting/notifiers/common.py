@@ -43,6 +43,11 @@ def incident_url(external_url: str | None, incident_id: int) -> str:
     return f"{base_url(external_url)}/api/v1/incidents/{incident_id}"
 
 
+def with_cell(labels: dict[str, str], cell: str) -> dict[str, str]:
+    """The labels plus `cell` when this server belongs to one (docs/cells.md); unchanged otherwise."""
+    return {**labels, "cell": cell} if cell else labels
+
+
 def clip(text: str, limit: int, marker: str = "…") -> str:
     """Cut to at most `limit` characters, at a line or word end when one is near, and say it was cut."""
     if len(text) <= limit:

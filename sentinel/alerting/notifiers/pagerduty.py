@@ -19,6 +19,7 @@ from sentinel.alerting.notifiers.common import (
     incident_url,
     json_body,
     rfc3339,
+    with_cell,
 )
 from sentinel.config import ReceiverConfig
 from sentinel.incidents import render as prose
@@ -40,9 +41,9 @@ def source(incident: Incident) -> str:
     return "sentinel-fleet"
 
 
-def trigger_payload(incident: Incident) -> dict[str, Any]:
+def trigger_payload(incident: Incident, cell: str = "") -> dict[str, Any]:
     details: dict[str, Any] = {heading: body for heading, body in prose.sections(incident)}
-    details |= {"labels": prose.labels(incident), "recommended_action": incident.recommended_action,
+    details |= {"labels": with_cell(prose.labels(incident), cell), "recommended_action": incident.recommended_action,
                 "evidence": incident.evidence or {}}
     out: dict[str, Any] = {"summary": clip(prose.headline(incident), SUMMARY_MAX), "source": source(incident),
                            "severity": SEVERITY.get(incident.severity, "error"),
@@ -56,11 +57,18 @@ def trigger_payload(incident: Incident) -> dict[str, Any]:
     return out
 
 
-def event_body(receiver: ReceiverConfig, incident: Incident, event: str, external_url: str | None) -> dict[str, Any]:
+def dedup_key(incident: Incident, cell: str = "") -> str:
+    """The fingerprint, behind the cell where there is one: cells may reuse node names; PagerDuty must not merge
+    two cells' incidents into one."""
+    return (f"{cell}/{incident.fingerprint}" if cell else incident.fingerprint)[:DEDUP_KEY_MAX]
+
+
+def event_body(receiver: ReceiverConfig, incident: Incident, event: str, external_url: str | None,
+               cell: str = "") -> dict[str, Any]:
     body: dict[str, Any] = {"routing_key": receiver.resolved_secret(), "event_action": event,
-                            "dedup_key": incident.fingerprint[:DEDUP_KEY_MAX]}
+                            "dedup_key": dedup_key(incident, cell)}
     if event == "trigger":
-        body["payload"] = trigger_payload(incident)
+        body["payload"] = trigger_payload(incident, cell)
         body["links"] = [{"href": incident_url(external_url, incident.id), "text": f"Sentinel incident #{incident.id}"}]
         body["client"] = "Sentinel"
         body["client_url"] = base_url(external_url)
@@ -68,7 +76,7 @@ def event_body(receiver: ReceiverConfig, incident: Incident, event: str, externa
 
 
 def render(receiver: ReceiverConfig, incident: Incident, event: str, now: datetime, *,
-           external_url: str | None, resend_seconds: float) -> OutboundRequest:
+           external_url: str | None, resend_seconds: float, cell: str = "") -> OutboundRequest:
     check_event("pagerduty", event, EVENTS)
     return OutboundRequest(url=receiver.url, headers={"Content-Type": "application/json"},
-                           body=json_body(event_body(receiver, incident, event, external_url)))
+                           body=json_body(event_body(receiver, incident, event, external_url, cell)))

@@ -50,9 +50,11 @@ def field(name: str, value: str) -> dict[str, str]:
     return {"type": "mrkdwn", "text": title + mrkdwn(value, FIELD_MAX - len(title))}
 
 
-def context(incident: Incident, external_url: str | None) -> dict[str, Any]:
+def context(incident: Incident, external_url: str | None, cell: str = "") -> dict[str, Any]:
     link = f"<{incident_url(external_url, incident.id)}|incident #{incident.id}>"
     line = f"fingerprint `{mrkdwn(incident.fingerprint, 300)}` · detector {escape(incident.detector)} · {link}"
+    if cell:
+        line = f"cell {escape(cell)} · {line}"
     return {"type": "context", "elements": [{"type": "mrkdwn", "text": line}]}
 
 
@@ -78,7 +80,7 @@ def acknowledge_text(incident: Incident) -> str:
     return f"#{incident.id} {incident.title} acknowledged by {incident.acknowledged_by or 'someone'}"
 
 
-def payload(incident: Incident, event: str, external_url: str | None) -> dict[str, Any]:
+def payload(incident: Incident, event: str, external_url: str | None, cell: str = "") -> dict[str, Any]:
     if event == "trigger":
         fallback = f"{prose.headline(incident)} — {prose.subject(incident)}"
         blocks = trigger_blocks(incident, external_url)
@@ -88,12 +90,12 @@ def payload(incident: Incident, event: str, external_url: str | None) -> dict[st
     else:
         fallback = acknowledge_text(incident)
         blocks = [{"type": "section", "text": {"type": "mrkdwn", "text": ":eyes: " + mrkdwn(fallback)}}]
-    blocks = [*blocks[:BLOCKS_MAX - 1], context(incident, external_url)]
+    blocks = [*blocks[:BLOCKS_MAX - 1], context(incident, external_url, cell)]
     return {"text": mrkdwn(fallback), "blocks": blocks}
 
 
 def render(receiver: ReceiverConfig, incident: Incident, event: str, now: datetime, *,
-           external_url: str | None, resend_seconds: float) -> OutboundRequest:
+           external_url: str | None, resend_seconds: float, cell: str = "") -> OutboundRequest:
     check_event("slack", event, EVENTS)
     return OutboundRequest(url=receiver.url, headers={"Content-Type": "application/json"},
-                           body=json_body(payload(incident, event, external_url)))
+                           body=json_body(payload(incident, event, external_url, cell)))

@@ -19,7 +19,7 @@ from typing import Any
 
 from sqlalchemy import inspect
 
-from sentinel.alerting.notifiers.common import EVENTS, OutboundRequest, check_event, incident_url, json_body
+from sentinel.alerting.notifiers.common import EVENTS, OutboundRequest, check_event, incident_url, json_body, with_cell
 from sentinel.config import ReceiverConfig
 from sentinel.incidents import render as prose
 from sentinel.incidents.models import Incident
@@ -68,10 +68,10 @@ def idempotency_key(incident: Incident, receiver: ReceiverConfig, event: str) ->
     return f"sentinel-{incident.id}-{receiver.name}-{event}"
 
 
-def incident_fields(incident: Incident) -> dict[str, Any]:
-    """Every column of the incident, plus the rendered labels, text and sections."""
+def incident_fields(incident: Incident, cell: str = "") -> dict[str, Any]:
+    """Every column of the incident, plus the rendered labels (with the server's cell), text and sections."""
     fields = {attr.key: getattr(incident, attr.key) for attr in inspect(Incident).column_attrs}
-    fields["labels"] = prose.labels(incident)
+    fields["labels"] = with_cell(prose.labels(incident), cell)
     fields["subject"] = prose.subject(incident)
     fields["headline"] = prose.headline(incident)
     fields["text"] = prose.text(incident)
@@ -80,11 +80,15 @@ def incident_fields(incident: Incident) -> dict[str, Any]:
 
 
 def render(receiver: ReceiverConfig, incident: Incident, event: str, now: datetime, *,
-           external_url: str | None, resend_seconds: float) -> OutboundRequest:
+           external_url: str | None, resend_seconds: float, cell: str = "") -> OutboundRequest:
     check_event("webhook", event, EVENTS)
     sent_at = int(now.timestamp())
-    body = json_body({"version": VERSION, "event": event, "receiver": receiver.name, "sent_at": sent_at,
-                      "url": incident_url(external_url, incident.id), "incident": incident_fields(incident)})
+    message: dict[str, Any] = {"version": VERSION, "event": event, "receiver": receiver.name, "sent_at": sent_at,
+                               "url": incident_url(external_url, incident.id),
+                               "incident": incident_fields(incident, cell)}
+    if cell:
+        message["cell"] = cell
+    body = json_body(message)
     headers = {"Content-Type": "application/json", "User-Agent": "sentinel-webhook/" + VERSION,
                "X-Sentinel-Event": event, TIMESTAMP_HEADER: str(sent_at),
                "Idempotency-Key": idempotency_key(incident, receiver, event)}
