@@ -2,7 +2,8 @@
 
 A cell is one Sentinel server (a leader and its standbys) with its own database, so a fleet-wide read view asks
 every cell, at once, with that cell's token and a short timeout. A cell that does not answer is a row that says
-so; the others are still shown, and the command exits 1 so that a script notices.
+so (as does one that refuses the token); the others are still shown, and the command exits 1 so that a script
+notices.
 """
 
 from __future__ import annotations
@@ -154,7 +155,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def cmd_status(args: argparse.Namespace) -> int:
-    """`sentinel status --cells …`: one table with a CELL column; 1 when any cell did not answer."""
+    """`sentinel status --cells …`: one table with a CELL column; 1 when any cell could not be read."""
     try:
         cells = parse_cells(args.cells)
     except ValueError as exc:
@@ -164,6 +165,6 @@ def cmd_status(args: argparse.Namespace) -> int:
     print_status(results)
     missing = [r.cell.name for r in results if not r.ok]
     if missing:
-        print(f"\n{len(missing)} of {len(results)} cells did not answer: {', '.join(missing)}", file=sys.stderr)
+        print(f"\n{len(missing)} of {len(results)} cells could not be read: {', '.join(missing)}", file=sys.stderr)
         return 1
     return 0

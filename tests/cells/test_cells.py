@@ -144,20 +144,24 @@ def test_two_cells_one_page_each_and_one_federated_view(tmp_path: Path, two_data
         assert set(drill.world.label_values(variable_query(variables(load("fleet-overview.json"))["cell"]))) == {
             "a", "b"}
 
-        # `sentinel status --cells`: both cells in one table, a third that is not there shown as unreachable.
-        spec = ",".join(f"{c.name}={c.server.url}" for c in drill.cells) + f",gone=http://127.0.0.1:{free_port()}"
-        env = {**os.environ, **{f"SENTINEL_TOKEN_{c.name.upper()}": c.server.admin_token for c in drill.cells}}
+        # `sentinel status --cells`: both cells in one table; a cell that is not there shown as unreachable, and one
+        # whose token is refused (cell a's server under another name, with cell b's token) as the server's answer.
+        spec = ",".join(f"{c.name}={c.server.url}" for c in drill.cells)
+        spec += f",gone=http://127.0.0.1:{free_port()};wrong-token={drill.cells[0].server.url}"
+        env = {**os.environ, **{f"SENTINEL_TOKEN_{c.name.upper()}": c.server.admin_token for c in drill.cells},
+               "SENTINEL_TOKEN_WRONG_TOKEN": drill.cells[1].server.admin_token}
         env.pop("SENTINEL_TOKEN", None)
         out = subprocess.run(sentinel_cmd("status", "--cells", spec, "--cell-timeout", "3"), env=env,
                              capture_output=True, text=True, timeout=60)
         assert out.returncode == 1, out.stdout + out.stderr
         cells_table, nodes_table, incidents_table = (t.splitlines()[2:] for t in out.stdout.strip().split("\n\n"))
         rows = {line.split()[0]: line for line in cells_table}
-        assert set(rows) == {"a", "b", "gone"}, out.stdout
+        assert set(rows) == {"a", "b", "gone", "wrong-token"}, out.stdout
         assert " ok " in rows["a"] and " ok " in rows["b"] and "unreachable" in rows["gone"], out.stdout
+        assert "HTTP 401" in rows["wrong-token"], out.stdout
         assert sorted(line.split()[:2] for line in nodes_table) == [["a", NODE], ["b", NODE]], out.stdout
         assert sorted(line.split()[0] for line in incidents_table) == ["a", "b"], out.stdout
-        assert "1 of 3 cells did not answer: gone" in out.stderr
+        assert "2 of 4 cells could not be read: gone, wrong-token" in out.stderr
     except BaseException:
         print(drill.logs())
         raise
