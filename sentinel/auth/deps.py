@@ -9,6 +9,7 @@ from __future__ import annotations
 import logging
 import math
 from collections.abc import Callable
+from typing import Any
 
 from fastapi import HTTPException, Request, status
 
@@ -26,7 +27,11 @@ log = logging.getLogger("sentinel.auth")
 
 
 def bearer_secret(request: Request) -> str | None:
-    header = request.headers.get("authorization", "")
+    return bearer_value(request.headers.get("authorization", ""))
+
+
+def bearer_value(header: str) -> str | None:
+    """The secret of an `Authorization: Bearer <secret>` header's value, or None."""
     scheme, _, secret = header.partition(" ")
     if scheme.lower() != "bearer" or not secret.strip():
         return None
@@ -34,24 +39,30 @@ def bearer_secret(request: Request) -> str | None:
 
 
 def authenticate(request: Request) -> Principal:
-    secret = bearer_secret(request)
+    return authenticate_secret(request.app.state.runtime, bearer_secret(request), request.url.path)
+
+
+def authenticate_secret(runtime: Any, secret: str | None, path: str) -> Principal:
+    """`authenticate` without a Request (the report path is pure ASGI: nodes/api.py)."""
     if secret is None:
         raise HTTPException(status.HTTP_401_UNAUTHORIZED, "missing bearer token (Authorization: Bearer …)",
                             headers={"WWW-Authenticate": "Bearer"})
-    runtime = request.app.state.runtime
     cache: TokenCache = runtime.tokens
     principal = cache.lookup(secret)
     if principal is None:
         raise HTTPException(status.HTTP_401_UNAUTHORIZED, "unknown, revoked or expired token",
                             headers={"WWW-Authenticate": 'Bearer error="invalid_token"'})
-    limit_rate(request, principal)
+    _limit_rate(runtime, principal, path)
     note_principal(principal.actor)
     return principal
 
 
 def limit_rate(request: Request, principal: Principal) -> None:
     """429 once the token spent its burst faster than its rate (the token's own, else the server's)."""
-    runtime = request.app.state.runtime
+    _limit_rate(request.app.state.runtime, principal, request.url.path)
+
+
+def _limit_rate(runtime: Any, principal: Principal, path: str) -> None:
     settings = runtime.settings
     rate = settings.rate_limit_per_second if principal.rate_limit_per_second is None \
         else principal.rate_limit_per_second
@@ -61,24 +72,26 @@ def limit_rate(request: Request, principal: Principal) -> None:
     except RateLimited as exc:
         retry = max(1, math.ceil(exc.retry_after_seconds))
         log.debug("rate limited: token=%d name=%s rate=%g/s path=%s", principal.token_id, principal.name, rate,
-                  request.url.path)
+                  path)
         raise HTTPException(status.HTTP_429_TOO_MANY_REQUESTS,
                             f"token {principal.name!r} (id {principal.token_id}) is over its limit of {rate:g} "
                             f"requests/s; retry after {retry}s", headers={"Retry-After": str(retry)}) from None
 
 
 def allow(roles: frozenset[str]) -> Callable[[Request], Principal]:
-    needed = ", ".join(sorted(roles))
-
     def check(request: Request) -> Principal:
         principal = authenticate(request)
-        if principal.role not in roles:
-            raise HTTPException(status.HTTP_403_FORBIDDEN,
-                                f"role {principal.role!r} may not {request.method} {request.url.path}; "
-                                f"needs one of: {needed}")
+        check_role(principal, roles, request.method, request.url.path)
         return principal
 
     return check
+
+
+def check_role(principal: Principal, roles: frozenset[str], method: str, path: str) -> None:
+    """403 unless the principal's role is one of `roles`."""
+    if principal.role not in roles:
+        raise HTTPException(status.HTTP_403_FORBIDDEN, f"role {principal.role!r} may not {method} {path}; "
+                                                       f"needs one of: {', '.join(sorted(roles))}")
 
 
 def check_node(principal: Principal, node: str) -> None:

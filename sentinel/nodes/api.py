@@ -3,21 +3,25 @@
 from __future__ import annotations
 
 import logging
+import re
+from collections.abc import Mapping
 from dataclasses import replace
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
-from fastapi import APIRouter, Body, Depends, HTTPException, Query, Request, Response
+from fastapi import APIRouter, Body, Depends, HTTPException, Query, Request
+from fastapi.responses import JSONResponse
 from pydantic import ValidationError
 from sqlalchemy.orm import Session, sessionmaker
 from starlette.concurrency import run_in_threadpool
+from starlette.types import Receive, Scope, Send
 
 from sentinel.accelerators.schemas import AcceleratorOut
 from sentinel.audit.service import record
-from sentinel.auth.deps import AGENT, OPERATE, READ, allow, bearer_secret, check_node
+from sentinel.auth.deps import AGENT, OPERATE, READ, allow, authenticate_secret, bearer_value, check_node, check_role
 from sentinel.auth.service import Principal, TokenCache, bind_token_to_node
 from sentinel.db import transaction
 from sentinel.deps import Commands, Live, Offset, Pipeline, Sessions, Tokens, not_found
-from sentinel.errors import CONFLICT, validation_problem
+from sentinel.errors import CONFLICT, NUL_MESSAGE, validation_problem
 from sentinel.live.view import LiveView
 from sentinel.nodes import service
 from sentinel.nodes.schemas import CordonRequest, InjectRequest, NodeDetail, NodeOut, RegistrationOut
@@ -83,36 +87,34 @@ _allow_agent = allow(AGENT)
 
 
 async def _allow_agent_async(request: Request) -> Principal:
-    """`allow(AGENT)` for the report path, which carries the whole fleet's traffic. As a sync dependency
-    it would cost a thread-pool round trip per request; here only the token's database read (once per
-    cache period per agent) goes to a worker thread, and the check itself runs on the event loop."""
-    secret = bearer_secret(request)
-    tokens: TokenCache = request.app.state.runtime.tokens  # not `Tokens`: that dependency solving is the cost
+    """`allow(AGENT)` on the event loop: only the token's database read (once per cache period per agent)
+    goes to a worker thread. For the documented route; the served one authenticates in `_report_principal`."""
+    return await _report_principal(request.app.state.runtime, request.headers.get("authorization", ""),
+                                   request.url.path)
+
+
+async def _report_principal(runtime: Any, authorization: str, path: str) -> Principal:
+    secret = bearer_value(authorization)
+    tokens: TokenCache = runtime.tokens
     if secret is not None and not tokens.is_fresh(secret):
         await run_in_threadpool(tokens.refresh, secret)
-    return _allow_agent(request)
-
-
-async def receive_report(request: Request) -> Response:
-    """The report path as a plain Starlette route, matched before the documented one below: FastAPI's
-    per-request machinery (dependency solving, request telemetry, response-model serialization) cost more
-    than ingest itself at 1,250 reports/s (docs/scaling.md). Same checks, same answers."""
-    node = request.path_params["node"]
-    ack = await post_report(node, request, await _allow_agent_async(request))
-    return Response(ack.model_dump_json(), media_type="application/json")
-
-
-router.add_route(router.prefix + "/{node}/reports", receive_report, methods=["POST"], include_in_schema=False)
+    principal = authenticate_secret(runtime, secret, path)
+    check_role(principal, AGENT, "POST", path)
+    return principal
 
 
 @router.post("/{node}/reports", response_model=ReportAck, openapi_extra=REPORT_BODY, responses=CONFLICT)
 async def post_report(node: str, request: Request, who: Annotated[Principal, Depends(_allow_agent_async)]) -> ReportAck:
     """Idempotent on (node, seq): a replay is acknowledged as `duplicate` and not counted twice. Not audited
     per report: the ingest receipt on (node, seq) is its record (audit/middleware.py). Served by
-    `receive_report`; this route documents it in OpenAPI."""
+    `serve_report` (below, ahead of the app's middleware stack); this route documents it in OpenAPI and
+    answers what that path passes on."""
     check_node(who, node)
-    pipeline: ReportPipeline = request.app.state.runtime.pipeline  # read directly: `receive_report` has no deps
-    body = await request.body()
+    return await ingest_report(request.app.state.runtime.pipeline, node, await request.body())
+
+
+async def ingest_report(pipeline: ReportPipeline, node: str, body: bytes) -> ReportAck:
+    """Validate, store and acknowledge one report; HTTPException for one refused."""
     try:
         report = NodeReport.model_validate_json(body)
     except ValidationError as exc:
@@ -126,6 +128,106 @@ async def post_report(node: str, request: Request, who: Annotated[Principal, Dep
         log.exception("report not stored: node=%s seq=%d", report.node, report.seq)
         raise HTTPException(503, "the report could not be stored; retry later") from exc
     return pipeline.ack(outcome, report, node)
+
+
+# -- the served report path: pure ASGI, ahead of the middleware stack ---------------------------------------
+# At ~1,000+ reports/s FastAPI's stack (errors, telemetry, body limits, standby guard, audit, NUL check,
+# routing across every router) cost more than the report itself (docs/scaling.md, "Where the limit is").
+# `report_route_node` picks the common case; anything unusual (a standby, no or a bad Content-Length, a NUL
+# in the URL, a trailing slash) goes through the stack, whose middlewares answer it as before. Reports are
+# not audited row by row there either (audit/middleware.py: HIGH_VOLUME); their record is the receipt.
+REPORTS_PREFIX, REPORTS_SUFFIX = "/api/v1/nodes/", "/reports"
+JSON_HEADERS = [(b"content-type", b"application/json")]
+# errors.RefuseNul's test: a raw NUL, a JSON-escaped one (`\\u0000` after an even number of backslashes), or
+# `%00` in a form-encoded body.
+_JSON_NUL = re.compile(rb"(?<!\\)(?:\\\\)*\\u0000")
+
+
+def has_nul(data: bytes, form: bool) -> bool:
+    return b"\x00" in data or (b"\\u0000" in data and _JSON_NUL.search(data) is not None) or (
+        form and b"%00" in data)
+
+
+def report_route_node(scope: Scope) -> str | None:
+    """The `{node}` of a `POST /api/v1/nodes/{node}/reports` that `serve_report` may answer, else None."""
+    if scope["type"] != "http" or scope["method"] != "POST":
+        return None
+    path: str = scope["path"]
+    if not (path.startswith(REPORTS_PREFIX) and path.endswith(REPORTS_SUFFIX)):
+        return None
+    node = path[len(REPORTS_PREFIX):-len(REPORTS_SUFFIX)]
+    if not node or "/" in node or "\x00" in node or b"%00" in scope.get("query_string", b""):
+        return None
+    return node
+
+
+def _headers(scope: Scope, max_bytes: int) -> tuple[str, bool] | None:
+    """(Authorization, form-encoded) when the declared length is a number within `max_bytes`, else None."""
+    authorization, length, form = "", None, False
+    for name, value in scope["headers"]:
+        if name == b"authorization":
+            authorization = value.decode("latin-1")
+        elif name == b"content-length":
+            length = value
+        elif name == b"content-type":
+            form = value.startswith(b"application/x-www-form-urlencoded")
+    if length is None or not length.isdigit() or int(length) > max_bytes:
+        return None
+    return authorization, form
+
+
+async def serve_report(runtime: Any, max_bytes: int, scope: Scope, receive: Receive, send: Send) -> bool:
+    """Answer a report with the route's checks and answers; False (nothing read) to leave it to the stack."""
+    node = report_route_node(scope)
+    found = None if node is None else _headers(scope, max_bytes)
+    if node is None or found is None or not runtime.leading:
+        return False
+    authorization, form = found
+    try:
+        who = await _report_principal(runtime, authorization, scope["path"])
+        check_node(who, node)
+        body = await _read_body(receive, max_bytes, form)
+        if body is None:  # the client went away
+            return True
+        ack = await ingest_report(runtime.pipeline, node, body)
+    except HTTPException as exc:
+        await _answer(send, exc.status_code, bytes(JSONResponse({"detail": exc.detail}).body), exc.headers)
+        return True
+    except Exception:
+        log.exception("unhandled error: POST %s", scope["path"])
+        await _answer(send, 500, bytes(JSONResponse({"detail": "internal error; the server logged it"}).body))
+        return True
+    await _answer(send, 200, ack.model_dump_json().encode())
+    return True
+
+
+async def _read_body(receive: Receive, max_bytes: int, form: bool) -> bytes | None:
+    """The body, refused as errors.BodyLimit and errors.RefuseNul would (413, 422); None on a disconnect."""
+    chunks: list[bytes] = []
+    seen = 0
+    while True:
+        message = await receive()
+        if message["type"] != "http.request":
+            return None
+        chunk = message.get("body", b"")
+        if chunk:
+            seen += len(chunk)
+            if seen > max_bytes:
+                raise HTTPException(413, f"body is over the {max_bytes}-byte limit")
+            chunks.append(chunk)
+        if not message.get("more_body", False):
+            break
+    body = chunks[0] if len(chunks) == 1 else b"".join(chunks)
+    if has_nul(body, form):
+        raise HTTPException(422, f"{NUL_MESSAGE}: in the body")
+    return body
+
+
+async def _answer(send: Send, status: int, body: bytes, headers: Mapping[str, str] | None = None) -> None:
+    extra = [(k.lower().encode("latin-1"), v.encode("latin-1")) for k, v in (headers or {}).items()]
+    await send({"type": "http.response.start", "status": status,
+                "headers": [*JSON_HEADERS, (b"content-length", str(len(body)).encode()), *extra]})
+    await send({"type": "http.response.body", "body": body})
 
 
 @router.get("", response_model=list[NodeOut], dependencies=[Depends(allow(READ))])

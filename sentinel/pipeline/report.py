@@ -1,7 +1,8 @@
 """The report pipeline, declared in one place: what happens to an agent's report on its way to a page.
 
     agent     collectors/agent.py: Agent.cycle → collectors/push.py: Pusher.send (spooled when the server is away)
-    edge      nodes/api.py: receive_report → ReportPipeline.receive (below)
+    edge      nodes/api.py: serve_report (pure ASGI, ahead of the middleware stack) → ingest_report →
+              ReportPipeline.receive (below)
     1 store        pipeline/ingest.py: Ingest.accept: validate, dedup on (node, seq), group commit, fleet view
     2 live views   ReportPipeline.update_views: job telemetry, task exits, assignments (live/), the step-time
                    decomposition and experiment results (diagnosis/)
