@@ -98,9 +98,13 @@ def digests(state: Any) -> dict[str, str]:
             for k, t in chunks.flatten(state)[1].items()}
 
 
+WRITER_NICENESS = [10]  # --writer-niceness
+COALESCED: dict[str, list[int]] = {}  # training-loop mode → saves coalesced per round (not written)
+
+
 def manager(root: Path) -> CheckpointManager:
     return CheckpointManager(job_id=1, rank=0, node="bench", local_dir=str(root / "{node}"), persistent_dir=None,
-                             catalog=False, keep_last=3)
+                             catalog=False, keep_last=3, writer_niceness=WRITER_NICENESS[0])
 
 
 def save(m: CheckpointManager, step: int, state: Any) -> tuple[float, Future[SaveResult]]:
@@ -197,7 +201,7 @@ def steady_state(state: Any, work: Path, repeats: int) -> tuple[list[float], lis
     os.sync()
     full_stall, full = save(m, 100, state)
     in_flight, fut = save(m, 101, state)
-    fut.result()
+    assert full.result().outcome == fut.result().outcome == "written"  # 101 queued, then written after 100
     warm = full.result().bytes_total / (full_stall + full.result().write_seconds) / 1e9
     return stalls, floor, in_flight, warm, m
 
@@ -296,6 +300,7 @@ def training_loop(work: Path, nbytes: int, steps: int, every: int,
             m.guard(opt)  # hooks stay on opt; with no save in flight they return at once
         seconds = run(lambda i: m.save(i, state()))
         m.close()
+        COALESCED.setdefault(f"{torch.get_num_threads()} {guarded}", []).append(m.saves_coalesced)
         return seconds
 
     step()  # Adam's state exists from here on
@@ -357,8 +362,10 @@ def main() -> int:
     parser.add_argument("--dir", type=Path, default=None, help="where to write (default: a temp dir under /tmp)")
     parser.add_argument("--loop-gib", type=float, default=0.5, help="model + Adam state of the training-loop run")
     parser.add_argument("--loop-steps", type=int, default=12, help="steps per training-loop run (a save every 3)")
+    parser.add_argument("--writer-niceness", type=int, default=10, help="CheckpointManager(writer_niceness=)")
     add_record_arguments(parser)
     args = parser.parse_args()
+    WRITER_NICENESS[0] = args.writer_niceness
     warnings.filterwarnings("ignore", message=".*torch.distributed is disabled.*")
     if args.dir is not None:
         args.dir.mkdir(parents=True, exist_ok=True)
@@ -414,7 +421,9 @@ def main() -> int:
                 f"{loop['step']:.3f} s a step without checkpoints): seconds added per save: " + ", ".join(
                     f"{name} {loop[name]:.3f}" for name in ("torch.save", "save()", "save() + guard()"))
                 + "; per round: " + "; ".join(f"{name} {secs(loop_rounds[n][name])}"
-                                              for name in ("torch.save", "save()", "save() + guard()")))
+                                              for name in ("torch.save", "save()", "save() + guard()"))
+                + f"; saves coalesced (not written) per round of {args.loop_steps // 3}: save() "
+                f"{COALESCED.get(f'{n} False')}, save() + guard() {COALESCED.get(f'{n} True')}")
         torch.set_num_threads(threads)
 
         med = {name: statistics.median(values) for name, values in {**writes, **loads}.items()}

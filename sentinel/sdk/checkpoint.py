@@ -17,10 +17,8 @@ and optimizer state are copied on the writer thread and `optimizer.step()` waits
 
 from __future__ import annotations
 
-import json
 import logging
 import os
-import sys
 import tempfile
 import threading
 import time
@@ -32,9 +30,9 @@ from typing import Any
 
 import numpy as np
 
-from sentinel.sdk import chunks
+from sentinel.sdk import chunks, saving
 from sentinel.sdk.catalog import Catalog, CatalogError
-from sentinel.sdk.stores import CheckpointStore, CheckpointStoreError, LocalDirStore, SharedDirStore
+from sentinel.sdk.stores import CheckpointStore, LocalDirStore, SharedDirStore
 from sentinel.sdk.telemetry import env_int
 
 log = logging.getLogger("sentinel.sdk.checkpoint")
@@ -60,6 +58,9 @@ class SaveResult:
     write_seconds: float
     committed: bool | None = None  # None without a catalog
     retired: list[int] = field(default_factory=list)
+    outcome: str = "written"  # or "coalesced" (a newer save replaced it before it began) or "skipped"
+    superseded_by: int | None = None  # the step whose save replaced this one (outcome "coalesced")
+    coalesced: list[int] = field(default_factory=list)  # older steps whose queued saves this one replaced
 
 
 @dataclass
@@ -85,7 +86,9 @@ class CheckpointManager:
                  every: int = 1, persistent_every: int = 10, keep_last: int = 3, keep_every: int = 0,
                  chunk_bytes: int = chunks.DEFAULT_CHUNK_BYTES, row_chunk_bytes: int = chunks.DEFAULT_ROW_CHUNK_BYTES,
                  row_chunked: tuple[str, ...] = chunks.ROW_CHUNKED, catalog: Catalog | bool | None = True,
-                 write_bytes_per_second: float | None = None, attempt: int | None = None):
+                 write_bytes_per_second: float | None = None, attempt: int | None = None,
+                 optimizers: tuple[Any, ...] | list[Any] = (), when_busy: str | None = None,
+                 writer_niceness: int = saving.WRITER_NICENESS):
         self.job_id = job_id if job_id is not None else (env_int("SENTINEL_JOB_ID") or 0)
         self.rank = rank if rank is not None else (env_int("SENTINEL_RANK", "RANK") or 0)
         attempt = attempt if attempt is not None else env_int("SENTINEL_ATTEMPT", "TORCHELASTIC_RESTART_COUNT")
@@ -104,18 +107,26 @@ class CheckpointManager:
         self._chunking = {"chunk_bytes": chunk_bytes, "row_chunk_bytes": row_chunk_bytes, "row_chunked": row_chunked}
         self.catalog = (Catalog.from_env(self.job_id) if catalog is True else catalog or None)
         self.write_bytes_per_second = write_bytes_per_second
-        self._staging: dict[str, Any] = {}
-        self._writer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="sentinel-checkpoint")
-        self._inflight: Future[SaveResult] | None = None
+        self.when_busy = when_busy or os.environ.get("SENTINEL_CHECKPOINT_WHEN_BUSY") or "coalesce"
+        if self.when_busy not in saving.WHEN_BUSY:
+            raise ValueError(f"when_busy must be one of {saving.WHEN_BUSY}, not {self.when_busy!r}")
+        self._staging: list[dict[str, Any]] = [{} for _ in range(saving.SLOTS)]  # one buffer set per slot
+        self._slot = 0
+        self._stager = ThreadPoolExecutor(max_workers=1, thread_name_prefix="sentinel-checkpoint-stage")
+        self._writer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="sentinel-checkpoint",
+                                          initializer=saving.lower_priority, initargs=(writer_niceness,))
+        self._jobs: list[saving.Job] = []  # saves not yet resolved, oldest first
+        self._carried: list[CheckpointStore] = []  # tiers of skipped saves, written by the next save
+        self.saves_coalesced = self.saves_skipped = 0
         self._lock = threading.Lock()
         self._guarded: list[Any] = []  # optimizers whose step() waits for the snapshot (guard())
         self._snapshotted = threading.Event()
         self._snapshotted.set()
-        self._guard_wait = 0.0  # what the guarded optimizers' step() waited for the current snapshot
         self._waiting_since: float | None = None  # when a guarded step() began to wait for it
         self._collected: set[tuple[int, int | None]] = set()  # retired (step, attempt)s already collected
         self.last_result: SaveResult | None = None
         self.errors = 0
+        self.guard(*optimizers)  # given the optimizers, the snapshot overlaps the next forward and backward
 
     def __repr__(self) -> str:
         return f"CheckpointManager(job={self.job_id}, rank={self.rank}, node={self.node!r})"
@@ -131,35 +142,79 @@ class CheckpointManager:
             stores.append(self.persistent)
         return stores
 
-    def save(self, step: int, state: Any) -> Future[SaveResult] | None:
-        """Snapshot `state` and write it in the background; None when no tier is due at this step."""
+    def save(self, step: int, state: Any, *, when_busy: str | None = None) -> Future[SaveResult] | None:
+        """Snapshot `state` and write it in the background; None when no tier is due at this step.
+
+        With a save still writing, `when_busy` (default: the manager's) says what happens instead of
+        waiting for it: see sentinel.sdk.saving. The future's result says what became of this step."""
         stores = self.tiers_for(step)
         if not stores:
             return None
+        policy = when_busy or self.when_busy
+        if policy not in saving.WHEN_BUSY:
+            raise ValueError(f"when_busy must be one of {saving.WHEN_BUSY}, not {policy!r}")
         started = time.perf_counter()
-        with _paused():  # the loop waits here on purpose: the server does not judge it hung meanwhile
-            self.wait()  # one save in flight: its buffers are the ones we are about to overwrite
-            skeleton, tensors = chunks.flatten(state)
-            guarded = self._guarded_storage()
-            later = {name: value for name, value in tensors.items() if guarded and _storage(value) in guarded}
-            snapshot = {name: self._stage(name, value) for name, value in tensors.items() if name not in later}
-        stall = time.perf_counter() - started
-        if later:
-            self._guard_wait, self._waiting_since = 0.0, None
-            self._snapshotted.clear()
-        future = self._writer.submit(self._snapshot_and_write, step, skeleton, snapshot, later, stores, stall)
+        if policy == "wait" and self._live():
+            with _paused():  # the loop waits here on purpose: the server does not judge it hung meanwhile
+                self.wait()
         with self._lock:
-            self._inflight = future
-        return future
+            live = self._live()
+            if live and policy == "skip":
+                self._carried = saving.merge_stores(self._carried, stores)
+                self.saves_skipped += 1
+                log.info("checkpoint skipped: job=%d rank=%d step=%d (step %d is still being written)",
+                         self.job_id, self.rank, step, live[0].step)
+                return _resolved(SaveResult(step=step, tiers=[], bytes_total=0, bytes_written=0, chunks_written=0,
+                                            stall_seconds=time.perf_counter() - started, write_seconds=0.0,
+                                            outcome="skipped"))
+            replaced = next((j for j in live if not j.started), None)  # queued, not begun: this save replaces it
+            if replaced is not None:
+                replaced.superseded_by = step
+                live.remove(replaced)
+                self.saves_coalesced += 1
+            slot = min(set(range(saving.SLOTS)) - {j.slot for j in live})
+            carried = self._carried + (replaced.stores if replaced is not None else [])
+            job = saving.Job(step=step, stores=saving.merge_stores(stores, carried), slot=slot, started=not live,
+                             coalesced=[*replaced.coalesced, replaced.step] if replaced is not None else [])
+            self._carried = []
+            self._jobs = [*live, job]
+        if replaced is not None:
+            replaced.future.set_result(SaveResult(step=replaced.step, tiers=[], bytes_total=0, bytes_written=0,
+                                                  chunks_written=0, stall_seconds=replaced.stall, write_seconds=0.0,
+                                                  outcome="coalesced", superseded_by=step))
+        self._snapshot(job, state, defer=not live)
+        job.stall = time.perf_counter() - started
+        self._stager.submit(self._stage_later, job)
+        return job.future
+
+    def _live(self) -> list[saving.Job]:
+        return [j for j in self._jobs if not j.future.done()]
+
+    def _snapshot(self, job: saving.Job, state: Any, *, defer: bool) -> None:
+        """Copy what must be copied before save() returns; with guard() and no write in flight, the guarded
+        tensors are left to the stage thread (`job.later`)."""
+        with _paused():
+            job.skeleton, tensors = chunks.flatten(state)
+            guarded = self._guarded_storage() if defer else set()
+            job.later = {name: value for name, value in tensors.items() if guarded and _storage(value) in guarded}
+            self._slot = job.slot
+            job.snapshot = {name: self._stage(name, value) for name, value in tensors.items() if name not in job.later}
+        if job.later:
+            self._waiting_since = None
+            self._snapshotted.clear()
 
     def guard(self, *optimizers: Any) -> None:
         """Overlap the snapshot with the next forward and backward passes (as CheckFreq does).
 
         From now on `save` copies before it returns only what these optimizers do not own (buffers such as
-        BatchNorm's running stats, plain values); their parameters and state are copied by the writer
+        BatchNorm's running stats, plain values); their parameters and state are copied by the stage
         thread, and each optimizer's `step()` waits for that copy, so no update lands in the middle of it.
+        Safe when nothing but these optimizers' step() changes those tensors in place between a save and
+        the next step (no manual edits of parameters, no EMA written into them outside step()).
         """
         for optimizer in optimizers:
+            if any(optimizer is o for o in self._guarded):
+                continue
             optimizer.register_step_pre_hook(lambda *_: self.wait_snapshot())
             self._guarded.append(optimizer)
 
@@ -167,7 +222,7 @@ class CheckpointManager:
         """Block until the save in flight has copied the guarded tensors (called by guarded optimizers)."""
         if not self._snapshotted.is_set():
             if self._waiting_since is None:
-                self._waiting_since = time.perf_counter()  # the writer turns this into the save's stall
+                self._waiting_since = time.perf_counter()  # the stage thread turns this into the save's stall
             with _paused():
                 self._snapshotted.wait()
 
@@ -179,112 +234,60 @@ class CheckpointManager:
                 owned.update(v.data_ptr() for v in per_param.values() if chunks.is_tensor(v) and v.numel())
         return owned
 
-    def _snapshot_and_write(self, step: int, skeleton: Any, snapshot: dict[str, Any], later: dict[str, Any],
-                            stores: list[CheckpointStore], stall: float) -> SaveResult:
+    def _stage_later(self, job: saving.Job) -> None:
+        """On the stage thread: copy the guarded tensors, release guarded step()s, hand the job to the writer."""
         try:
-            for name, value in later.items():
-                snapshot[name] = self._stage(name, value)
+            self._slot = job.slot
+            for name, value in job.later.items():
+                job.snapshot[name] = self._stage(name, value)
+        except BaseException as exc:
+            job.future.set_exception(exc)
+            return
         finally:
-            done = time.perf_counter()
-            self._snapshotted.set()
-            waiting_since, self._waiting_since = self._waiting_since, None
-            self._guard_wait = done - waiting_since if waiting_since is not None else 0.0
-        return self._write(step, skeleton, snapshot, stores, stall)
+            if job.later:
+                done = time.perf_counter()
+                self._snapshotted.set()
+                waiting_since, self._waiting_since = self._waiting_since, None
+                job.stall += done - waiting_since if waiting_since is not None else 0.0
+        self._writer.submit(self._run, job)
 
     def _stage(self, name: str, value: Any) -> Any:
-        """Copy into this tensor's host buffer from the last save (allocating only when the shape changed)."""
-        buffer = self._staging.get(name)
-        if isinstance(value, np.ndarray):
-            if not (isinstance(buffer, np.ndarray) and buffer.shape == value.shape and buffer.dtype == value.dtype):
-                buffer = self._staging[name] = np.empty_like(value, order="C")
-            np.copyto(buffer, value)
-            return buffer
-        torch = sys.modules["torch"]
-        if not (isinstance(buffer, torch.Tensor) and buffer.shape == value.shape and buffer.dtype == value.dtype):
-            pin = value.device.type == "cuda"
-            buffer = self._staging[name] = torch.empty(value.shape, dtype=value.dtype, pin_memory=pin)
-        buffer.copy_(value.detach(), non_blocking=value.device.type == "cuda")
-        if value.device.type == "cuda":
-            torch.cuda.current_stream(value.device).synchronize()
-        return buffer
+        """Copy into this tensor's host buffer from the last save in its slot (allocating only when needed)."""
+        return saving.stage(self._staging[self._slot], name, value)
+
+    def _run(self, job: saving.Job) -> None:
+        with self._lock:
+            if job.superseded_by is not None:
+                return  # a newer save replaced it before it began; its future says so already
+            job.started = True
+        try:
+            result = self._write(job)
+        except BaseException as exc:
+            job.future.set_exception(exc)
+            return
+        job.future.set_result(result)
 
     def wait(self) -> SaveResult | None:
-        """Block until the save in flight is written; returns its result (its error is logged, not raised)."""
-        with self._lock:
-            future, self._inflight = self._inflight, None
-        if future is None:
-            return None
-        try:
-            return future.result()
-        except Exception:
-            return None
+        """Block until every save in flight is written; returns the newest one's result (its error is logged,
+        not raised)."""
+        result = None
+        for job in list(self._jobs):
+            try:
+                result = job.future.result()
+            except Exception:
+                result = None
+        return result
 
     def close(self) -> None:
         with _paused():
             self.wait()
+        self._stager.shutdown(wait=True)
         self._writer.shutdown(wait=True)
 
-    def _pace(self) -> Callable[[int], None] | None:
-        if not self.write_bytes_per_second:
-            return None
-        rate, start, done = float(self.write_bytes_per_second), time.monotonic(), [0]
+    def _write(self, job: saving.Job) -> SaveResult:
+        from sentinel.sdk.writing import write
 
-        def pace(nbytes: int) -> None:
-            done[0] += nbytes
-            ahead = done[0] / rate - (time.monotonic() - start)
-            if ahead > 0:
-                time.sleep(ahead)
-
-        return pace
-
-    def _write(self, step: int, skeleton: Any, snapshot: dict[str, Any], stores: list[CheckpointStore],
-               stall: float) -> SaveResult:
-        started = time.perf_counter()
-        try:
-            specs, pieces = self._chunk(snapshot)
-            manifest = json.dumps({"format": FORMAT, "job": self.job_id, "step": step, "rank": self.rank,
-                                   "attempt": self.attempt, "created_at": time.time(), "skeleton": skeleton,
-                                   "tensors": [s.to_json() for s in specs]}).encode()
-            written = chunks_written = 0
-            for store in stores:
-                with store.shared():
-                    store.refresh()
-                    n, nbytes = store.write_pack(pieces, pace=self._pace())
-                    store.put_manifest(self.job_id, step, self.rank, manifest)
-                chunks_written, written = chunks_written + n, written + nbytes
-        except (OSError, CheckpointStoreError) as exc:
-            self.errors += 1
-            log.error("checkpoint save failed: job=%d rank=%d step=%d error=%s; earlier checkpoints are untouched",
-                      self.job_id, self.rank, step, exc)
-            raise CheckpointError(f"checkpoint step {step} rank {self.rank}: {exc}; earlier checkpoints are "
-                                  "untouched") from exc
-        stall += self._guard_wait  # what guarded optimizers waited for the snapshot (0 without guard())
-        result = SaveResult(step=step, tiers=[s.tier for s in stores], bytes_total=sum(s.nbytes for s in specs),
-                            bytes_written=written, chunks_written=chunks_written, stall_seconds=stall,
-                            write_seconds=time.perf_counter() - started)
-        self._register(result, chunks.digest(manifest), stores)
-        self.last_result = result
-        log.info("checkpoint saved: job=%d rank=%d step=%d tiers=%s wrote=%d/%d bytes stall=%.3fs write=%.2fs",
-                 self.job_id, self.rank, step, ",".join(result.tiers), written, result.bytes_total, stall,
-                 result.write_seconds)
-        return result
-
-    def _chunk(self, snapshot: dict[str, Any]) -> tuple[list[chunks.TensorSpec], list[tuple[str, memoryview]]]:
-        specs: list[chunks.TensorSpec] = []
-        pieces: list[tuple[str, memoryview]] = []
-        for name, buffer in snapshot.items():
-            data = _bytes_of(buffer)
-            size = chunks.chunk_bytes_for(name, list(buffer.shape), buffer.element_size()
-                                          if not isinstance(buffer, np.ndarray) else buffer.itemsize,
-                                          **self._chunking)  # type: ignore[arg-type]
-            spec = chunks.TensorSpec(name=name, dtype=chunks.dtype_name(buffer), shape=list(buffer.shape),
-                                     nbytes=len(data), chunk_bytes=size)
-            for piece in chunks.cut(data, size):
-                d = chunks.digest(piece)
-                spec.chunks.append(d)
-                pieces.append((d, piece))
-            specs.append(spec)
-        return specs, pieces
+        return write(self, job)
 
     def _register(self, result: SaveResult, manifest_digest: str, stores: list[CheckpointStore]) -> None:
         retire: list[tuple[int, int | None]] = []
@@ -368,13 +371,10 @@ def _storage(value: Any) -> int:
     return int(value.data_ptr()) if not isinstance(value, np.ndarray) and value.numel() else 0
 
 
-def _bytes_of(buffer: Any) -> memoryview:
-    if isinstance(buffer, np.ndarray):
-        return buffer.reshape(-1).view(np.uint8).data
-    torch = sys.modules["torch"]
-    if buffer.numel() == 0:
-        return memoryview(b"")
-    return memoryview(buffer.reshape(-1).view(torch.uint8).numpy())
+def _resolved(result: SaveResult) -> Future[SaveResult]:
+    future: Future[SaveResult] = Future()
+    future.set_result(result)
+    return future
 
 
 def _paused() -> AbstractContextManager[None]:

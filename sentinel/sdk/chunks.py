@@ -36,16 +36,19 @@ class TensorSpec:
     nbytes: int
     chunk_bytes: int
     chunks: list[str] = field(default_factory=list)
+    digest: str | None = None  # of all its bytes (tensors cut into small chunks): one check on restore
 
     def to_json(self) -> dict[str, Any]:
-        return {"name": self.name, "dtype": self.dtype, "shape": self.shape, "nbytes": self.nbytes,
-                "chunk_bytes": self.chunk_bytes, "chunks": self.chunks}
+        out = {"name": self.name, "dtype": self.dtype, "shape": self.shape, "nbytes": self.nbytes,
+               "chunk_bytes": self.chunk_bytes, "chunks": self.chunks}
+        return out | {"digest": self.digest} if self.digest is not None else out
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> TensorSpec:
         return cls(name=str(data["name"]), dtype=str(data["dtype"]), shape=[int(x) for x in data["shape"]],
                    nbytes=int(data["nbytes"]), chunk_bytes=int(data["chunk_bytes"]),
-                   chunks=[str(c) for c in data["chunks"]])
+                   chunks=[str(c) for c in data["chunks"]],
+                   digest=str(data["digest"]) if data.get("digest") is not None else None)
 
 
 def _torch() -> Any:

@@ -27,6 +27,8 @@ from typing import Any
 import numpy as np
 
 IDX_MAGIC = b"SNTIDX1\n"
+WRITEV_MAX = 1024  # IOV_MAX on Linux
+WRITE_BATCH_BYTES = 64 << 20
 IDX_RECORD = np.dtype([("digest", "S16"), ("offset", "<u8"), ("length", "<u4")])
 
 
@@ -144,18 +146,20 @@ class CheckpointStore:
         pack = uuid.uuid4().hex
         pack_path, idx_path = self.packs / f"{pack}.pack", self.packs / f"{pack}.idx"
         records: list[tuple[bytes, int, int]] = []
-        offset = 0
+        offset = written = 0
         try:
-            with open(pack_path, "wb") as fh:
+            with open(pack_path, "wb", buffering=0) as fh:
+                batch: list[memoryview] = []  # written with one writev: few syscalls, the GIL released once
                 for digest_hex, data in chunks:
                     if digest_hex in self._index:
                         continue
-                    fh.write(data)
+                    batch.append(data)
                     records.append((bytes.fromhex(digest_hex), offset, len(data)))
                     self._index[digest_hex] = ChunkRef(pack, offset, len(data))
                     offset += len(data)
-                    if pace is not None:
-                        pace(len(data))
+                    if pace is not None or len(batch) >= WRITEV_MAX or offset - written >= WRITE_BATCH_BYTES:
+                        written = _writev(fh.fileno(), batch, written, pace)
+                _writev(fh.fileno(), batch, written, pace)
                 self._sync(fh)
             if not records:
                 pack_path.unlink()
@@ -236,47 +240,11 @@ class CheckpointStore:
                                                   f"({got} of {ref.length} bytes)")
         return buffer
 
-    def read_chunks(self, digests: list[str], into: memoryview) -> None:
-        """Read consecutive chunks into one buffer. Chunks stored back to back in a pack are read with one
-        call, and each pack is opened once: a restore of many small chunks costs reads, not opens."""
-        fds: dict[str, int] = {}
-        try:
-            position, i = 0, 0
-            while i < len(digests):
-                first = self._index.get(digests[i])
-                if first is None:
-                    raise CheckpointStoreError(errno.ENOENT, f"chunk {digests[i]} is in no pack under {self.packs}")
-                length, i = first.length, i + 1
-                while i < len(digests) and (ref := self._index.get(digests[i])) is not None \
-                        and ref.pack == first.pack and ref.offset == first.offset + length:
-                    length, i = length + ref.length, i + 1
-                if position + length > len(into):
-                    raise CheckpointStoreError(errno.EIO, f"chunks in {self.packs} are longer than the manifest says")
-                self._pread(fds, first.pack, first.offset, into[position:position + length])
-                position += length
-            if position != len(into):
-                raise CheckpointStoreError(errno.EIO, f"chunks in {self.packs} are shorter than the manifest says "
-                                                      f"({position} of {len(into)} bytes)")
-        finally:
-            for fd in fds.values():
-                os.close(fd)
+    def read_chunks(self, digests: list[str], into: memoryview, touch: Callable[[], object] | None = None) -> None:
+        """Read consecutive chunks into one buffer, with few reads and each pack opened once (see packread)."""
+        from sentinel.sdk.packread import read_chunks
 
-    def _pread(self, fds: dict[str, int], pack: str, offset: int, into: memoryview) -> None:
-        path = self.packs / f"{pack}.pack"
-        try:
-            fd = fds.get(pack)
-            if fd is None:
-                fd = fds[pack] = os.open(path, os.O_RDONLY)
-            done = 0
-            while done < len(into):
-                got = os.preadv(fd, [into[done:]], offset + done)
-                if got == 0:
-                    raise CheckpointStoreError(errno.EIO, f"{path} is truncated at offset {offset + done}")
-                done += got
-        except CheckpointStoreError:
-            raise
-        except OSError as exc:
-            raise CheckpointStoreError(exc.errno or errno.EIO, f"reading {path}: {exc.strerror or exc}") from exc
+        read_chunks(self, digests, into, touch)
 
     def steps(self, job: int) -> dict[int, list[int]]:
         """{step: [ranks with a manifest here]}."""
@@ -371,6 +339,26 @@ class CheckpointStore:
         with open(self.packs / f"{ref.pack}.pack", "rb") as fh:
             fh.seek(ref.offset)
             return memoryview(fh.read(ref.length))
+
+
+def _writev(fd: int, batch: list[memoryview], written: int, pace: Callable[[int], None] | None) -> int:
+    """Write the batch (and empty it); returns the bytes written so far."""
+    if batch:
+        size = sum(len(b) for b in batch)
+        views, done = list(batch), 0
+        while done < size:
+            got = os.writev(fd, views)
+            done += got
+            while views and got >= len(views[0]):
+                got -= len(views[0])
+                views.pop(0)
+            if views and got:
+                views[0] = views[0][got:]
+        batch.clear()
+        written += size
+        if pace is not None:
+            pace(size)
+    return written
 
 
 def _attempt_of(manifest: Path) -> int:

@@ -48,6 +48,7 @@ def test_kill9_mid_save_resumes_from_the_last_committed_step_bitwise(tmp_path):
         launcher = cluster.launch("resumable", {
             "STEPS": str(STEPS), "CKPT_EVERY": "10", "FINAL_OUT": "1",
             "CKPT_WRITE_BPS": "400000",  # a ~0.5 MB save takes over a second: time to kill in the middle
+            "SENTINEL_CHECKPOINT_WHEN_BUSY": "wait",  # each save waits for the last: step 20 is not coalesced away
             "SENTINEL_CHECKPOINT_LOCAL_DIR": str(tmp_path / "ckpt" / "{node}")})
         job_id = 0
 

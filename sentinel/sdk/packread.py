@@ -1,0 +1,143 @@
+"""Reading a tensor's chunks back out of a store's packs with as few reads as the layout allows.
+
+A tensor's chunks are looked up at once (numpy does the arithmetic, not a Python loop per chunk). The pack
+that holds most of its bytes at one fixed shift (a first save, or the chunks a sparse update left unchanged)
+is read across the whole span in one pass, in pieces read in parallel (a read releases the GIL, and the
+page faults of fresh memory are the cost); the chunks it does not hold are then laid on top, read pack by
+pack into a scratch buffer when they lie close together there. The caller verifies every byte.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import threading
+from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
+from operator import attrgetter
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from sentinel.sdk.stores import CheckpointStoreError
+
+if TYPE_CHECKING:
+    from sentinel.sdk.stores import CheckpointStore
+
+PIECE_BYTES = 16 << 20  # a span longer than this is read in pieces, in parallel
+READERS = int(os.environ.get("SENTINEL_RESTORE_READERS", "0")) or max(1, min(4, os.cpu_count() or 1))
+_PACK, _OFFSET, _LENGTH = attrgetter("pack"), attrgetter("offset"), attrgetter("length")
+_pool: ThreadPoolExecutor | None = None
+_pool_lock = threading.Lock()
+
+
+def _readers() -> ThreadPoolExecutor:
+    global _pool
+    with _pool_lock:
+        if _pool is None:
+            _pool = ThreadPoolExecutor(max_workers=READERS, thread_name_prefix="sentinel-restore-read")
+        return _pool
+
+
+def read_chunks(store: CheckpointStore, digests: list[str], into: memoryview,
+                touch: Callable[[], object] | None = None) -> None:
+    """`touch` (the caller's page-faulting of `into`) runs on a reader thread while the reads are planned."""
+    touched = _readers().submit(touch) if touch is not None else None
+    try:
+        _read_chunks(store, digests, into, touched)
+    finally:
+        if touched is not None:
+            touched.result()
+
+
+def _read_chunks(store: CheckpointStore, digests: list[str], into: memoryview, touched: Future[object] | None) -> None:
+    index = store._index
+    try:
+        refs = list(map(index.__getitem__, digests))
+    except KeyError as exc:
+        raise CheckpointStoreError(errno.ENOENT, f"chunk {exc.args[0]} is in no pack under {store.packs}") from None
+    n = len(refs)
+    lengths = np.fromiter(map(_LENGTH, refs), dtype=np.int64, count=n)
+    offsets = np.fromiter(map(_OFFSET, refs), dtype=np.int64, count=n)
+    names = list(map(_PACK, refs))  # a pack's refs share one name object: its id() groups them cheaply
+    ids, packs = np.unique(np.fromiter(map(id, names), dtype=np.int64, count=n), return_inverse=True)
+    by_id = {id(name): name for name in set(names)}
+    pack_of = [by_id[int(i)] for i in ids]
+    ends = np.cumsum(lengths)
+    total = int(ends[-1]) if n else 0
+    if total > len(into):
+        raise CheckpointStoreError(errno.EIO, f"chunks in {store.packs} are longer than the manifest says")
+    if total != len(into):
+        raise CheckpointStoreError(errno.EIO, f"chunks in {store.packs} are shorter than the manifest says "
+                                              f"({total} of {len(into)} bytes)")
+    if not n:
+        return
+    positions = ends - lengths
+    fds: dict[str, int] = {}
+    try:
+        keys = packs * (1 << 44) + (offsets - positions + (1 << 43))  # (pack, shift) in one integer
+        _, inverse = np.unique(keys, return_inverse=True)
+        best = int(np.argmax(np.bincount(inverse, weights=lengths)))
+        main = inverse == best
+        if touched is not None:
+            touched.result()
+        first, end = int(positions[main][0]), int(ends[main][-1])
+        shift = int(offsets[main][0] - positions[main][0])
+        _span(store, fds, pack_of[int(packs[main][0])], first + shift, into[first:end])
+        rest = np.flatnonzero(~main)
+        for pack in np.unique(packs[rest]) if rest.size else ():
+            chosen = rest[packs[rest] == pack]
+            _lay(store, fds, pack_of[int(pack)], offsets[chosen], positions[chosen], lengths[chosen], into)
+    finally:
+        for fd in fds.values():
+            os.close(fd)
+
+
+def _span(store: CheckpointStore, fds: dict[str, int], pack: str, offset: int, into: memoryview) -> None:
+    if len(into) <= PIECE_BYTES or READERS == 1:
+        _pread(store, fds, pack, offset, into)
+        return
+    _fd(store, fds, pack)  # opened once, before the pieces share it
+    step = max(PIECE_BYTES, -(-len(into) // (READERS * 4)))
+    futures = [_readers().submit(_pread, store, fds, pack, offset + at, into[at:at + step])
+               for at in range(0, len(into), step)]
+    for future in futures:
+        future.result()
+
+
+def _lay(store: CheckpointStore, fds: dict[str, int], pack: str, offsets: np.ndarray, positions: np.ndarray,
+         lengths: np.ndarray, into: memoryview) -> None:
+    """Chunks of one pack put at their places: one read of the pack's range when they fill most of it."""
+    low, high = int(offsets.min()), int((offsets + lengths).max())
+    if high - low <= 2 * int(lengths.sum()) + (1 << 20):
+        scratch = memoryview(bytearray(high - low))
+        _pread(store, fds, pack, low, scratch)
+        for offset, position, length in zip(offsets.tolist(), positions.tolist(), lengths.tolist(), strict=True):
+            into[position:position + length] = scratch[offset - low:offset - low + length]
+        return
+    for offset, position, length in zip(offsets.tolist(), positions.tolist(), lengths.tolist(), strict=True):
+        _pread(store, fds, pack, offset, into[position:position + length])
+
+
+def _fd(store: CheckpointStore, fds: dict[str, int], pack: str) -> int:
+    fd = fds.get(pack)
+    if fd is None:
+        fd = fds[pack] = os.open(store.packs / f"{pack}.pack", os.O_RDONLY)
+    return fd
+
+
+def _pread(store: CheckpointStore, fds: dict[str, int], pack: str, offset: int, into: memoryview) -> None:
+    try:
+        fd = _fd(store, fds, pack)
+        done = 0
+        while done < len(into):
+            got = os.preadv(fd, [into[done:]], offset + done)
+            if got == 0:
+                raise CheckpointStoreError(errno.EIO, f"{store.packs / f'{pack}.pack'} is truncated at offset "
+                                                      f"{offset + done}")
+            done += got
+    except CheckpointStoreError:
+        raise
+    except OSError as exc:
+        raise CheckpointStoreError(exc.errno or errno.EIO, f"reading {store.packs / f'{pack}.pack'}: "
+                                                           f"{exc.strerror or exc}") from exc

@@ -1,0 +1,135 @@
+"""The save pipeline behind CheckpointManager.save: jobs, buffer slots, and a low-priority writer thread.
+
+A save is a `Job`: its snapshot (host buffers of one slot), the tiers it is due on, and its future. One job
+at a time is written. A save that finds a job still writing never waits for it; by the manager's
+`when_busy` policy it is
+  "coalesce" (default): snapshotted into the other slot and queued; a newer save that comes before it is
+              begun replaces it (the replaced save's result says `outcome="coalesced"`, `superseded_by`),
+  "skip":     not taken at all (`outcome="skipped"`),
+  "wait":     the old behaviour, it blocks until the write is done.
+A replaced or skipped save's tiers are carried to the next save that is written, so a persistent-tier
+save is never lost to a busy local write, only postponed.
+
+The writer thread hashes and writes at a lower CPU priority (`os.setpriority` on its own thread id), so on
+a host whose cores also compute, compute wins and the write takes what is left; copies the loop waits for
+(guard()'s deferred snapshot) run on a second thread at normal priority.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+import threading
+from collections.abc import Callable
+from concurrent.futures import Future
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from sentinel.sdk import chunks
+
+log = logging.getLogger("sentinel.sdk.checkpoint")
+WHEN_BUSY = ("coalesce", "skip", "wait")
+SLOTS = 2  # buffer sets: the one being written and the newest pending snapshot
+WRITER_NICENESS = 10  # added to the writer thread's nice value (19: the least CPU share)
+WHOLE_DIGEST_BELOW = 256 << 10  # tensors cut smaller than this also get one digest over all their bytes
+
+
+@dataclass(eq=False)
+class Job:
+    step: int
+    stores: list[Any]
+    slot: int
+    skeleton: Any = None
+    snapshot: dict[str, Any] = field(default_factory=dict)
+    later: dict[str, Any] = field(default_factory=dict)  # guarded tensors the stage thread copies
+    stall: float = 0.0
+    coalesced: list[int] = field(default_factory=list)  # older steps whose saves this one replaced
+    future: Future[Any] = field(default_factory=Future)
+    started: bool = False  # begun (or in flight from the start: nothing was live): never replaced
+    superseded_by: int | None = None
+
+
+def lower_priority(niceness: int) -> None:
+    """Make the calling thread nicer (Linux: a thread's nice value is its own); best effort elsewhere."""
+    if niceness <= 0:
+        return
+    try:
+        tid = threading.get_native_id()
+        os.setpriority(os.PRIO_PROCESS, tid, min(19, os.getpriority(os.PRIO_PROCESS, tid) + niceness))
+    except (OSError, AttributeError) as exc:  # not permitted or not Linux: the writer keeps its priority
+        log.debug("checkpoint writer priority unchanged: %s", exc)
+
+
+def stage(staging: dict[str, Any], name: str, value: Any) -> Any:
+    """Copy into this tensor's host buffer in `staging` (allocating only when the shape changed)."""
+    buffer = staging.get(name)
+    if isinstance(value, np.ndarray):
+        if not (isinstance(buffer, np.ndarray) and buffer.shape == value.shape and buffer.dtype == value.dtype):
+            buffer = staging[name] = np.empty_like(value, order="C")
+        np.copyto(buffer, value)
+        return buffer
+    torch = sys.modules["torch"]
+    if not (isinstance(buffer, torch.Tensor) and buffer.shape == value.shape and buffer.dtype == value.dtype):
+        pin = value.device.type == "cuda"
+        buffer = staging[name] = torch.empty(value.shape, dtype=value.dtype, pin_memory=pin)
+    buffer.copy_(value.detach(), non_blocking=value.device.type == "cuda")
+    if value.device.type == "cuda":
+        torch.cuda.current_stream(value.device).synchronize()
+    return buffer
+
+
+def bytes_of(buffer: Any) -> memoryview:
+    if isinstance(buffer, np.ndarray):
+        return buffer.reshape(-1).view(np.uint8).data
+    torch = sys.modules["torch"]
+    if buffer.numel() == 0:
+        return memoryview(b"")
+    return memoryview(buffer.reshape(-1).view(torch.uint8).numpy())
+
+
+def cut_snapshot(snapshot: dict[str, Any], chunking: dict[str, Any]
+                 ) -> tuple[list[chunks.TensorSpec], list[tuple[str, memoryview]]]:
+    """Specs and (digest, bytes) pieces of a snapshot. A tensor cut into small chunks (embedding rows) also
+    gets one digest over all its bytes, so a restore verifies it in one pass instead of one per row."""
+    specs: list[chunks.TensorSpec] = []
+    pieces: list[tuple[str, memoryview]] = []
+    for name, buffer in snapshot.items():
+        data = bytes_of(buffer)
+        itemsize = buffer.itemsize if isinstance(buffer, np.ndarray) else buffer.element_size()
+        size = chunks.chunk_bytes_for(name, list(buffer.shape), itemsize, **chunking)
+        spec = chunks.TensorSpec(name=name, dtype=chunks.dtype_name(buffer), shape=list(buffer.shape),
+                                 nbytes=len(data), chunk_bytes=size)
+        if size < WHOLE_DIGEST_BELOW and len(data) > size:
+            spec.digest = chunks.digest(data)
+        for piece in chunks.cut(data, size):
+            d = chunks.digest(piece)
+            spec.chunks.append(d)
+            pieces.append((d, piece))
+        specs.append(spec)
+    return specs, pieces
+
+
+def pacer(bytes_per_second: float | None) -> Callable[[int], None] | None:
+    if not bytes_per_second:
+        return None
+    import time
+
+    rate, start, done = float(bytes_per_second), time.monotonic(), [0]
+
+    def pace(nbytes: int) -> None:
+        done[0] += nbytes
+        ahead = done[0] / rate - (time.monotonic() - start)
+        if ahead > 0:
+            time.sleep(ahead)
+
+    return pace
+
+
+def merge_stores(first: list[Any], second: list[Any]) -> list[Any]:
+    """The tiers of both, in the order of the first then the new ones of the second (each store once)."""
+    out = list(first)
+    out += [s for s in second if all(s is not t for t in out)]
+    return out
