@@ -13,6 +13,7 @@ Baseline, measured in the same run: each server's own signed webhook receiver (l
 sends it before the Alertmanager peers): the path without Alertmanager. The ratio is page ÷ direct, per fault.
 
     PYTHONPATH=. .venv/bin/python benchmarks/cells.py --rounds 5 [--no-record]
+    PYTHONPATH=. .venv/bin/python benchmarks/cells.py --rounds 2 --no-gossip   # control: 2 pages per fault
 """
 
 from __future__ import annotations
@@ -54,7 +55,7 @@ def drop(admin_url: str, urls: dict[str, str]) -> None:
     engine.dispose()
 
 
-def run(rounds: int, admin_url: str) -> dict[str, dict[str, list[float]]]:
+def run(rounds: int, admin_url: str, gossip: bool = True) -> dict[str, dict[str, list[float]]]:
     from tests.cells.drill import PEER_TIMEOUT_SECONDS, Drill, page_cell
     from tests.live import wait_for
 
@@ -65,12 +66,13 @@ def run(rounds: int, admin_url: str) -> dict[str, dict[str, list[float]]]:
     with tempfile.TemporaryDirectory(prefix="bench-cells-") as work:
         drill = Drill(Path(work))
         try:
-            drill.start("prometheus", "prometheus-alertmanager", urls, accelerators=rounds)
+            drill.start("prometheus", "prometheus-alertmanager", urls, accelerators=rounds, gossip=gossip)
             wait_for(lambda: set(drill.federated("sentinel_nodes")) == set(urls), timeout=60, interval=0.2,
                      what="both cells in the global Prometheus")
             for r in range(rounds):
                 faults = {c.name: c.inject_xid79(r) for c in drill.cells}
-                want = 2 * (r + 1)
+                per_fault = 1 if gossip else 2  # the control: each lone peer pages
+                want = 2 * (r + 1) * per_fault
                 wait_for(lambda w=want: len(drill.firing_pages()) >= w, timeout=60, interval=0.02,  # type: ignore[misc]
                          what=f"round {r}: a page per cell")
                 seen_federated: dict[str, float] = {}
@@ -87,7 +89,7 @@ def run(rounds: int, admin_url: str) -> dict[str, dict[str, list[float]]]:
                 pages = drill.firing_pages()
                 pages_seen = len(pages)
                 for cell, at in faults.items():
-                    mine = [p_at for p_at, m in pages[2 * r:] if page_cell(m) == cell]
+                    mine = [p_at for p_at, m in pages[2 * r * per_fault:] if page_cell(m) == cell]
                     direct = [d_at for d_at, _ in drill.direct_pages(cell) if d_at >= at]
                     page_s, direct_s = mine[0] - at, direct[0] - at
                     samples[cell]["page"].append(page_s)
@@ -97,7 +99,7 @@ def run(rounds: int, admin_url: str) -> dict[str, dict[str, list[float]]]:
                     say(f"round {r} cell {cell}: fault → page {page_s:.3f} s, → direct webhook {direct_s:.3f} s "
                         f"({page_s / direct_s:.2f}×), → federated query {seen_federated[cell] - at:.2f} s; "
                         f"pages so far {len(pages)} for {2 * (r + 1)} faults")
-                if len(pages) != 2 * (r + 1):
+                if gossip and len(pages) != 2 * (r + 1):
                     raise SystemExit(f"round {r}: {len(pages)} pages for {2 * (r + 1)} faults: a duplicate or a loss")
         finally:
             drill.close()
@@ -110,14 +112,17 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--rounds", type=int, default=5, help="faults per cell (one XID 79 per accelerator)")
     parser.add_argument("--postgres", default=PG_ADMIN, help="admin URL; two databases are created and dropped")
+    parser.add_argument("--no-gossip", dest="gossip", action="store_false",
+                        help="the control: the two Alertmanager peers not clustered (expect 2 pages per fault)")
     add_record_arguments(parser)
     args = parser.parse_args()
     started_load = load()
-    samples = run(args.rounds, args.postgres)
+    samples = run(args.rounds, args.postgres, args.gossip)
     counts = samples.pop("_")
     say(f"\nload average at start {started_load}, at end {load()}; {args.rounds} rounds; {command_line()}")
     say(f"pages: {counts['pages'][0]:.0f} for {counts['faults'][0]:.0f} faults "
-        f"({counts['pages'][0] / counts['faults'][0]:.2f} per fault; each server posted every alert to both peers)")
+        f"({counts['pages'][0] / counts['faults'][0]:.2f} per fault; each server posted every alert to both peers"
+        f"{', which gossip' if args.gossip else ', which did NOT gossip (control)'})")
     say("| cell | fault → page (Alertmanager cluster), median [range] | fault → direct webhook | page ÷ direct | "
         "fault → federated query |")
     say("| --- | ---: | ---: | ---: | ---: |")
@@ -129,6 +134,9 @@ def main() -> int:
             f"{statistics.median(s['federated']):.2f} s [{min(s['federated']):.2f}–{max(s['federated']):.2f}] |")
         figures[f"cells_fault_to_page_cell_{cell}"] = figure(s["page"])
         figures[f"cells_fault_to_federated_cell_{cell}"] = figure(s["federated"])
+    if args.record is not None and not args.gossip:
+        say("the control (--no-gossip) is not recorded")
+        args.record = None
     if args.record is not None:
         conditions = (f"two cells on one machine (PostgreSQL each, sim agent, cell + global Prometheus at 1 s, two "
                       f"Alertmanager peers, peer timeout 1 s, group_wait 100 ms); {args.rounds} XID 79 per cell; "

@@ -81,16 +81,19 @@ class AlertmanagerPeer:
         return list(httpx.get(self.url + "/api/v2/alerts", timeout=5).json())
 
 
-def alertmanager_cluster(binary: str, work: Path, hook_url: str, size: int = 2) -> list[AlertmanagerPeer]:
-    """`size` peers, each told of all the others; returns once every peer sees the whole cluster ready."""
+def alertmanager_cluster(binary: str, work: Path, hook_url: str, size: int = 2,
+                         gossip: bool = True) -> list[AlertmanagerPeer]:
+    """`size` peers, each told of all the others; returns once every peer sees the whole cluster ready.
+    Without `gossip` (the control), each peer is told of none and is a cluster of one."""
     ports = [free_port() for _ in range(size)]
-    peers = [AlertmanagerPeer(binary, work, f"am-{i}", hook_url, port, [p for p in ports if p != port])
+    peers = [AlertmanagerPeer(binary, work, f"am-{i}", hook_url, port,
+                              [p for p in ports if p != port] if gossip else [])
              for i, port in enumerate(ports)]
 
     def formed() -> bool:
         for peer in peers:
             cluster = peer.status().get("cluster") or {}
-            if cluster.get("status") != "ready" or len(cluster.get("peers") or []) != size:
+            if cluster.get("status") != "ready" or len(cluster.get("peers") or []) != (size if gossip else 1):
                 return False
         return True
 
@@ -195,11 +198,12 @@ class Drill:
     world: Prometheus | None = None
 
     def start(self, prometheus_bin: str, alertmanager_bin: str, databases: dict[str, str],
-              accelerators: int = 2) -> Drill:
+              accelerators: int = 2, gossip: bool = True) -> Drill:
         self.pager = LoopbackReceiver().__enter__()
         self.pages = Stamped(self.pager)
         self.direct = Receiver(SECRET)
-        self.alertmanagers = alertmanager_cluster(alertmanager_bin, self.work, self.pager.url + "/pager")
+        self.alertmanagers = alertmanager_cluster(alertmanager_bin, self.work, self.pager.url + "/pager",
+                                                  gossip=gossip)
         for name, url in databases.items():
             self.cells.append(start_cell(name, url, self.work / f"cell-{name}", prometheus_bin, self.alertmanagers,
                                          self.direct, accelerators))
