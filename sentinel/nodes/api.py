@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import re
 from collections.abc import Mapping
@@ -97,10 +98,33 @@ async def _report_principal(runtime: Any, authorization: str, path: str) -> Prin
     secret = bearer_value(authorization)
     tokens: TokenCache = runtime.tokens
     if secret is not None and not tokens.is_fresh(secret):
-        await run_in_threadpool(tokens.refresh, secret)
+        await _refresh(tokens, secret)
     principal = authenticate_secret(runtime, secret, path)
     check_role(principal, AGENT, "POST", path)
     return principal
+
+
+# One database read per token and cache period, however many of its reports arrive meanwhile: with one token
+# for a whole fleet, every report in flight when its cache entry aged read the token again (32 at once here).
+_refreshing: dict[tuple[int, str], tuple[asyncio.AbstractEventLoop, asyncio.Future[Any]]] = {}
+
+
+async def _refresh(tokens: TokenCache, secret: str) -> None:
+    loop = asyncio.get_running_loop()
+    key = (id(tokens), secret)
+    found = _refreshing.get(key)
+    if found is None or found[0] is not loop:
+        future = asyncio.ensure_future(run_in_threadpool(tokens.refresh, secret))
+        found = _refreshing[key] = (loop, future)
+
+        def done(finished: asyncio.Future[Any]) -> None:
+            if _refreshing.get(key, (None, None))[1] is finished:
+                del _refreshing[key]
+            if not finished.cancelled():
+                finished.exception()  # retrieved: each waiter raises it, none is warned about
+
+        future.add_done_callback(done)
+    await asyncio.shield(found[1])
 
 
 @router.post("/{node}/reports", response_model=ReportAck, openapi_extra=REPORT_BODY, responses=CONFLICT)
