@@ -1,6 +1,7 @@
 """Agent CPU benchmark: the node agent's CPU per collection cycle against prometheus-node-exporter's per scrape.
 
     PYTHONPATH=. python benchmarks/agent_cpu.py [--duration 30] [--rounds 3] [--sequential]
+        [--no-record | --record PATH]
 
 What runs, each in its own process, on loopback only:
 
@@ -45,6 +46,10 @@ not running (a container), so there the exporter is cheaper than on a real node.
 source reads every watched task's process tree, so its cost depends on the tasks and, depending on
 how children are found, on the number of processes on the machine (printed with the results).
 
+Recorded (unless `--no-record`) into benchmarks/measured.json (or `--record PATH`): the agent's CPU seconds
+per cycle and the exporter's per scrape (median and range over the rounds), with the ratio's median and range
+and the load average before and after in the conditions.
+
 Target: agent CPU per cycle <= 0.5 x node-exporter CPU per scrape. Every loop and wait is bounded and
 every process started is stopped at the end, on errors too. Needs /usr/bin/prometheus-node-exporter
 (`apt-get install prometheus-node-exporter`); the benchmark does not install it.
@@ -70,7 +75,22 @@ from pathlib import Path
 from typing import Any
 
 import psutil
-from support import HOST, REPO, BenchError, Processes, free_port, http_call, tail
+from support import (
+    HOST,
+    REPO,
+    BenchError,
+    Processes,
+    add_record_arguments,
+    command_line,
+    figure,
+    free_port,
+    http_call,
+    load,
+    machine,
+    record_figures,
+    report_recorded,
+    tail,
+)
 
 NODE = "bench-agent-cpu"
 NODE_EXPORTER = "/usr/bin/prometheus-node-exporter"
@@ -416,6 +436,20 @@ def print_report(args: argparse.Namespace, windows: list[Window], checks: dict[s
     return met
 
 
+def record(args: argparse.Namespace, windows: list[Window], loads: tuple[str, str], watcher: str) -> None:
+    ratios = [w.agent_per_cycle / w.exporter_per_scrape for w in windows]
+    conditions = (f"{machine()}; {'sequential' if args.sequential else 'simultaneous'} windows of "
+                  f"{args.duration}s x {args.rounds}; agent: host + sim:{SIM_ACCELERATORS}, interval "
+                  f"{args.interval:g}s, {TASKS} SDK tasks ({args.step_ms:g} ms steps), exit watcher {watcher}; "
+                  f"agent/exporter ratio median {statistics.median(ratios):.2f} range "
+                  f"[{min(ratios):.2f}-{max(ratios):.2f}] (target <= {TARGET_RATIO}); "
+                  f"load average before {loads[0]}, after {loads[1]}")
+    figures = {"sentinel_agent_cpu_seconds_per_cycle": figure([w.agent_per_cycle for w in windows]),
+               "node_exporter_cpu_seconds_per_scrape": figure([w.exporter_per_scrape for w in windows])}
+    record_figures(figures, source=command_line(), conditions=conditions, path=args.record)
+    report_recorded(args.record, figures)
+
+
 def orchestrate(args: argparse.Namespace) -> int:
     say: Callable[[str], None] = lambda line: print(line, flush=True)  # noqa: E731
     procs = Processes()
@@ -441,6 +475,8 @@ def orchestrate(args: argparse.Namespace) -> int:
             scraper.scrape()  # the first scrape builds the collectors' state; not measured
         say(f"warming up {args.warmup:g}s")
         time.sleep(args.warmup)
+        load_before = load()
+        say(f"load average before measuring: {load_before}")
         if args.py_spy:
             py_spy = shutil.which("py-spy") or str(Path(sys.executable).parent / "py-spy")
             seconds = int(args.rounds * (args.duration + 2) * (2 if args.sequential else 1))
@@ -478,7 +514,14 @@ def orchestrate(args: argparse.Namespace) -> int:
                else float("nan")}
         if scraper is not None:
             scraper.close()
-        met = print_report(args, windows, checks, rss, exit_watcher_mode(data_dir / "agent.log"))
+        watcher = exit_watcher_mode(data_dir / "agent.log")
+        met = print_report(args, windows, checks, rss, watcher)
+        load_after = load()
+        print(f"  load average: before {load_before}, after {load_after}")
+        if args.record is not None:
+            record(args, windows, (load_before, load_after), watcher)
+        else:
+            report_recorded(None, {})
         if profiler is not None:
             with contextlib.suppress(subprocess.TimeoutExpired):
                 profiler.wait(timeout=30)
@@ -522,6 +565,7 @@ def main() -> int:
     parser.add_argument("--py-spy-rate", type=int, default=250, help=argparse.SUPPRESS)
     parser.add_argument("--json", default=None, help="also write the results to this file")
     parser.add_argument("--keep", action="store_true", help="keep the data directory (logs) afterwards")
+    add_record_arguments(parser)
     parser.add_argument("--check-targets", action="store_true", help="exit 3 when the target is missed")
     parser.add_argument("--start-timeout", type=float, default=90.0, help=argparse.SUPPRESS)
     parser.add_argument("--task", action="store_true", help=argparse.SUPPRESS)

@@ -369,6 +369,7 @@ class Agent:
             if part is not None:
                 part.close()
         self.pusher.stop(drain_seconds=drain_seconds)
+        self.seq.close()
         for source in self.sources:
             source.close()
         self.exits.close()

@@ -6,7 +6,9 @@ first batch, and every batch on it is checked against it (collectors/sdk_gate.py
 
 from __future__ import annotations
 
+import contextlib
 import json
+import socket
 import threading
 from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -66,11 +68,37 @@ class _Handler(BaseHTTPRequestHandler):
         if status >= 400:  # the request body may be unread: do not reuse this connection
             self.send_header("connection", "close")
             self.close_connection = True
-        self.end_headers()
-        self.wfile.write(body)
+        # the head and the body in one write (end_headers() would send the head alone, then the body): each
+        # write on loopback is a syscall that also runs the reader's side of TCP, so it is most of a batch's cost
+        self._headers_buffer.append(b"\r\n" + body)  # type: ignore[attr-defined]  # http.server's own buffer
+        self.flush_headers()
 
     def log_message(self, format: str, *args: Any) -> None:
         return
+
+
+class _Server(ThreadingHTTPServer):
+    """Its accept loop wakes for connections only, not every half second (the socketserver default, so that
+    shutdown() is noticed): shutdown() wakes it itself, with a connection of its own."""
+
+    daemon_threads = True
+    poll_seconds = 60.0
+
+    def shutdown(self) -> None:
+        done = threading.Event()
+
+        address = (str(self.server_address[0]), int(self.server_address[1]))
+
+        def nudge() -> None:
+            while not done.wait(0.05):
+                with contextlib.suppress(OSError):
+                    socket.create_connection(address, timeout=0.5).close()
+
+        threading.Thread(target=nudge, name="sentinel-agent-http-stop", daemon=True).start()
+        try:
+            super().shutdown()
+        finally:
+            done.set()
 
 
 def serve(host: str, port: int, *, metrics: Callable[[], tuple[bytes, str]], identify: Identify,
@@ -78,7 +106,7 @@ def serve(host: str, port: int, *, metrics: Callable[[], tuple[bytes, str]], ide
     """Start serving on a daemon thread; `metrics` gives the exposition body and its content type."""
     handler = type("AgentHandler", (_Handler,), {"metrics": staticmethod(metrics), "identify": staticmethod(identify),
                                                  "accept": staticmethod(accept)})
-    server = ThreadingHTTPServer((host, port), handler)
-    server.daemon_threads = True
-    threading.Thread(target=server.serve_forever, name="sentinel-agent-http", daemon=True).start()
+    server = _Server((host, port), handler)
+    threading.Thread(target=server.serve_forever, args=(server.poll_seconds,), name="sentinel-agent-http",
+                     daemon=True).start()
     return server

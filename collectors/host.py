@@ -18,6 +18,7 @@ class HostCollector(Collector):
         self._disk_path = disk_path
         self._ps = psutil_module
         self._ps.cpu_percent(None)  # the first call only primes the counter
+        self._tasks: dict[int, Any] = {}  # pid → its psutil Process, kept while the task is assigned
 
     def collect(self, assignments: list[Assignment]) -> Readings:
         ps = self._ps
@@ -30,11 +31,14 @@ class HostCollector(Collector):
         net = ps.net_io_counters()
         load1 = os.getloadavg()[0] if hasattr(os, "getloadavg") else 0.0
         tasks = []
+        known, self._tasks = self._tasks, {}
         for task in assignments:
             if task.pid is None:
                 continue
             try:
-                tasks.append(ProcessMemory(pid=task.pid, used_bytes=int(ps.Process(task.pid).memory_info().rss)))
+                proc = known.get(task.pid) or ps.Process(task.pid)
+                tasks.append(ProcessMemory(pid=task.pid, used_bytes=int(proc.memory_info().rss)))
+                self._tasks[task.pid] = proc
             except (ps.Error, OSError):
                 continue
         return Readings(host=HostMetrics(

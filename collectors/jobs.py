@@ -8,9 +8,11 @@ a poller notices the process is gone within `poll_seconds`, without a code.
 
 from __future__ import annotations
 
+import ctypes
 import errno
 import logging
 import os
+import select
 import socket
 import struct
 import threading
@@ -20,6 +22,7 @@ from dataclasses import dataclass, field
 
 import psutil
 
+from collectors.procfs import read_small
 from sentinel.telemetry.schemas import (
     CollectiveTotals,
     ExpertLoad,
@@ -35,6 +38,7 @@ log = logging.getLogger("sentinel.agent.jobs")
 MAX_STEP_SECONDS = 1024
 NETLINK_CONNECTOR, CN_IDX_PROC, CN_VAL_PROC = 11, 1, 1
 PROC_CN_MCAST_LISTEN, PROC_EVENT_EXIT, NLMSG_DONE = 1, 0x80000000, 3
+SO_ATTACH_FILTER = 26
 
 
 @dataclass
@@ -169,8 +173,7 @@ class RunQueueMeter:
 
     def read(self, pid: int) -> tuple[int, int] | None:
         try:
-            with open(f"{self._root}/{pid}/task/{pid}/schedstat", "rb") as fh:
-                fields = fh.read().split()
+            fields = read_small(f"{self._root}/{pid}/task/{pid}/schedstat").split()
             return int(fields[0]), int(fields[1])
         except (OSError, ValueError, IndexError):
             return None
@@ -205,6 +208,11 @@ class ExitWatcher:
         self._stop = threading.Event()
         self._sock: socket.socket | None = self._open_netlink() if use_netlink else None
         self.mode = "netlink" if self._sock is not None else "poll"
+        # the listener sleeps in select() on the socket and this pipe: it wakes for an exit or for close(),
+        # not on a timeout (a wakeup costs about as much as reading the exit)
+        self._wake_r, self._wake_w = os.pipe() if self._sock is not None else (-1, -1)
+        self._listening = False
+        self._fds_lock = threading.Lock()  # the socket and the pipe are closed once, by whichever ends first
 
     def watch(self, pid: int, job_id: int | None = None, rank: int | None = None) -> None:
         with self._lock:
@@ -217,24 +225,41 @@ class ExitWatcher:
 
     def start(self) -> None:
         target = self._listen if self._sock is not None else self._poll
+        self._listening = self._sock is not None
         threading.Thread(target=target, name=f"sentinel-agent-exits-{self.mode}", daemon=True).start()
         if self._sock is not None:  # the poller also catches pids that ended before they were watched
             threading.Thread(target=self._poll, name="sentinel-agent-exits-poll", daemon=True).start()
 
     def close(self) -> None:
+        if self._stop.is_set():
+            return
         self._stop.set()
         if self._sock is not None:
+            with self._fds_lock:
+                if self._wake_w >= 0:
+                    os.write(self._wake_w, b"x")
+            if not self._listening:  # else the listener closes them as it ends
+                self._close_netlink()
+
+    def _close_netlink(self) -> None:
+        assert self._sock is not None
+        with self._fds_lock:
+            if self._wake_w < 0:
+                return
             self._sock.close()
+            os.close(self._wake_r)
+            os.close(self._wake_w)
+            self._wake_r = self._wake_w = -1
 
     @staticmethod
     def _open_netlink() -> socket.socket | None:
         try:
             sock = socket.socket(socket.AF_NETLINK, socket.SOCK_DGRAM, NETLINK_CONNECTOR)
             sock.bind((0, CN_IDX_PROC))
+            attach_exit_filter(sock)
             op = struct.pack("I", PROC_CN_MCAST_LISTEN)
             cn_msg = struct.pack("IIIIHH", CN_IDX_PROC, CN_VAL_PROC, 0, 0, len(op), 0) + op
             sock.send(struct.pack("IHHII", 16 + len(cn_msg), NLMSG_DONE, 0, 0, os.getpid()) + cn_msg)
-            sock.settimeout(0.5)
             return sock
         except OSError as exc:
             log.info("process-events connector unavailable (%s); task exits are polled, without exit codes", exc)
@@ -242,19 +267,23 @@ class ExitWatcher:
 
     def _listen(self) -> None:
         assert self._sock is not None
-        while not self._stop.is_set():
-            try:
-                data = self._sock.recv(8192)
-            except TimeoutError:
-                continue
-            except OSError as exc:
-                if exc.errno == errno.ENOBUFS:  # a burst of thread exits overflowed the socket: events were lost;
-                    log.warning("process-events connector overflowed; the poller catches the exits it missed")
-                    continue  # keep listening (the 1 s poller finds the ended pids)
-                return
-            exit_event = parse_exit(data)
-            if exit_event is not None:
-                self._ended(*exit_event)
+        try:
+            while not self._stop.is_set():
+                ready, _, _ = select.select([self._sock.fileno(), self._wake_r], [], [])
+                if self._wake_r in ready:
+                    return
+                try:
+                    data = self._sock.recv(8192)
+                except OSError as exc:
+                    if exc.errno == errno.ENOBUFS:  # a burst of exits overflowed the socket: events were lost;
+                        log.warning("process-events connector overflowed; the poller catches the exits it missed")
+                        continue  # keep listening (the 1 s poller finds the ended pids)
+                    return
+                exit_event = parse_exit(data)
+                if exit_event is not None:
+                    self._ended(*exit_event)
+        finally:
+            self._close_netlink()
 
     def _poll(self) -> None:
         # Beside netlink, a pid is ended here only if it was already gone one round earlier: the
@@ -283,11 +312,35 @@ def _is_zombie(pid: int) -> bool | None:
 
     Reads /proc/<pid>/stat directly: this runs for every watched pid every poll."""
     try:
-        with open(f"/proc/{pid}/stat", "rb") as fh:
-            stat = fh.read()
+        stat = read_small(f"/proc/{pid}/stat")
     except OSError:
         return None
     return stat[stat.rfind(b")") + 2:][:1] == b"Z"
+
+
+def exit_filter() -> bytes:
+    """A classic BPF program that passes only what parse_exit keeps: a process's exit (PROC_EVENT_EXIT with
+    pid == tgid). The connector sends every fork, exec, uid change and thread exit on the node; dropped in the
+    kernel, they never wake the listener (on a busy node, thousands a second). Loads are big-endian: the
+    kernel's fields are compared in the byte order they are in."""
+    what = int.from_bytes(struct.pack("I", PROC_EVENT_EXIT), "big")
+    ld_abs, tax, jeq_k, jeq_x, ret_k = 0x20, 0x07, 0x15, 0x1D, 0x06
+    program = [(ld_abs, 0, 0, 36), (jeq_k, 0, 5, what),  # proc_event.what, else drop
+               (ld_abs, 0, 0, 56), (tax, 0, 0, 0), (ld_abs, 0, 0, 52),  # X = tgid, A = pid
+               (jeq_x, 0, 1, 0), (ret_k, 0, 0, 0xFFFFFFFF), (ret_k, 0, 0, 0)]
+    return b"".join(struct.pack("HBBI", *insn) for insn in program)
+
+
+def attach_exit_filter(sock: socket.socket) -> bool:
+    """Attach exit_filter() to `sock`; False (everything still arrives, parse_exit sorts it) where refused."""
+    code = ctypes.create_string_buffer(exit_filter())
+    fprog = struct.pack("HL", len(code.raw) // 8, ctypes.addressof(code))
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, SO_ATTACH_FILTER, fprog)
+        return True
+    except OSError as exc:
+        log.info("process-events filter not attached (%s): every process event reaches the listener", exc)
+        return False
 
 
 def parse_exit(data: bytes) -> tuple[int, int | None, int | None] | None:
