@@ -186,7 +186,7 @@ def test_checkpoint_manager_saves_are_marked_as_a_pause(tmp_path, monkeypatch):
     tel = Telemetry(job_id=1, rank=0, start_thread=False)
     monkeypatch.setattr(sentinel.sdk, "_default", tel)
     ckpt = CheckpointManager(job_id=1, rank=0, node="node-h", local_dir=str(tmp_path / "{node}"), catalog=False,
-                             write_bytes_per_second=4e6)
+                             write_bytes_per_second=4e6, when_busy="wait")
     state = {"w": np.ones(2_000_000, dtype=np.float32)}  # 8 MB at 4 MB/s: the first write takes ~2 s
     ckpt.save(1, state)
     second = threading.Thread(target=ckpt.save, args=(2, state))
