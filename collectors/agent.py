@@ -27,6 +27,7 @@ from collectors.recent import RecentFaults, health_of
 from collectors.sdk_gate import SdkGate, Sender
 from collectors.sim import SimCollector
 from collectors.spool import SeqCounter, Spool
+from collectors.wire import ReportLink
 from sentinel import __version__
 from sentinel.auth.tls import client_ssl_context
 from sentinel.ha.failover import failover_client
@@ -84,7 +85,8 @@ class Agent:
         self.client = client or failover_client(config.server_url, timeout=httpx.Timeout(10.0, connect=3.0),
                                                 headers={"authorization": f"Bearer {config.token}"},
                                                 verify=client_ssl_context())  # SENTINEL_CA_BUNDLE
-        self.pusher = Pusher(client=self.client, node=config.node, spool=self.spool,
+        self.link = ReportLink(config.server_url, token=config.token, ssl_context=client_ssl_context())
+        self.pusher = Pusher(client=self.client, link=self.link, node=config.node, spool=self.spool,
                              registration=self.registration, on_ack=self._on_ack, on_registered=self.seq.raise_to)
         self.assignments: list[Assignment] = []
         self.relay = TaskRelay()
@@ -375,6 +377,7 @@ class Agent:
         self.exits.close()
         if self._http is not None:
             self._http.shutdown()
+        self.link.close()
         self.client.close()
 
 

@@ -14,6 +14,7 @@ from collections.abc import Callable
 import httpx
 
 from collectors.spool import Spool
+from collectors.wire import LinkError, ReportLink
 from sentinel.telemetry.schemas import NodeRegistration, ReportAck
 
 log = logging.getLogger("sentinel.agent.push")
@@ -22,10 +23,11 @@ OnAck = Callable[[ReportAck], None]
 
 
 class Pusher:
-    def __init__(self, *, client: httpx.Client, node: str, spool: Spool,
+    def __init__(self, *, client: httpx.Client, link: ReportLink, node: str, spool: Spool,
                  registration: Callable[[], NodeRegistration], on_ack: OnAck,
                  on_registered: Callable[[int], None], max_backoff_seconds: float = 5.0):
-        self._client = client
+        self._client = client  # registration
+        self._link = link  # reports (collectors/wire.py)
         self._node = node
         self._spool = spool
         self._registration = registration
@@ -80,7 +82,7 @@ class Pusher:
                  len(reg.accelerators), last_seq)
         return True
 
-    def _unreachable(self, exc: Exception) -> None:
+    def _unreachable(self, exc: BaseException) -> None:
         if self.connected:
             log.warning("server unreachable, spooling reports to disk: node=%s error=%s", self._node, exc)
         self.connected = False
@@ -110,10 +112,9 @@ class Pusher:
     def _send(self, seq: int, body: bytes) -> bool:
         """True when the report left the spool (acknowledged or refused for good)."""
         try:
-            response = self._client.post(f"/api/v1/nodes/{self._node}/reports", content=body,
-                                         headers={"content-type": "application/json"})
-        except httpx.HTTPError as exc:
-            self._unreachable(exc)
+            response = self._link.post(f"/api/v1/nodes/{self._node}/reports", body)
+        except LinkError as exc:
+            self._unreachable(exc.__cause__ or exc)
             return False
         if not self.connected:
             log.info("server reachable: node=%s spooled=%d replaying from seq=%d", self._node, len(self._spool), seq)

@@ -46,10 +46,16 @@ def test_a_tethered_command_runs_in_place_and_ends_when_its_parent_is_killed() -
             child.kill()
 
 
+# Each word is written whole (to a side file, then renamed): a plain write_text truncates first, and the test
+# once read the empty file between the truncate and the write (CI, a loaded machine).
 GRACEFUL = """\
-import pathlib, signal, sys, time
-signal.signal(signal.SIGTERM, lambda *_: (pathlib.Path(sys.argv[1]).write_text("SIGTERM"), sys.exit(0)))
-pathlib.Path(sys.argv[1]).write_text("ready")
+import os, pathlib, signal, sys, time
+def say(word):
+    side = pathlib.Path(sys.argv[1] + ".part")
+    side.write_text(word)
+    os.replace(side, sys.argv[1])
+signal.signal(signal.SIGTERM, lambda *_: (say("SIGTERM"), sys.exit(0)))
+say("ready")
 time.sleep(120)
 """
 
