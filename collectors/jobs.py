@@ -32,6 +32,7 @@ from sentinel.telemetry.schemas import (
     TaskPause,
     TaskTelemetry,
 )
+from sentinel.telemetry.serving import ServingStats, add_stats
 
 log = logging.getLogger("sentinel.agent.jobs")
 
@@ -67,6 +68,7 @@ class _TaskSums:
     iteration_seconds: float = 0.0
     phases: dict[str, list[float]] = field(default_factory=dict)
     experts: ExpertLoad | None = None
+    serving: ServingStats | None = None
 
 
 class TaskRelay:
@@ -129,6 +131,8 @@ class TaskRelay:
                     imbalance=max(e.imbalance, batch.experts.imbalance),
                     routed_tokens=e.routed_tokens + batch.experts.routed_tokens,
                     dropped_tokens=e.dropped_tokens + batch.experts.dropped_tokens)
+            if batch.serving is not None:
+                t.serving = batch.serving if t.serving is None else add_stats(t.serving, batch.serving)
 
     def pids(self) -> set[int]:
         with self._lock:
@@ -156,7 +160,7 @@ class TaskRelay:
                 dropped_batches=t.dropped_batches, pause=t.pause, iterations=t.iterations,
                 iteration_seconds=t.iteration_seconds, phases={n: v[0] for n, v in t.phases.items()},
                 phases_in_step_seconds=sum(v[1] for v in t.phases.values()), experts=t.experts,
-                cpu_wait_ratio=waits.get(t.pid)))
+                cpu_wait_ratio=waits.get(t.pid), serving=t.serving))
         return out
 
 

@@ -37,6 +37,7 @@ from sentinel.policy.api import router as policy_router
 from sentinel.remediation.api import router as remediation_router
 from sentinel.runtime import Runtime
 from sentinel.scheduler import build_scheduler
+from sentinel.serving.api import router as serving_router
 from sentinel.ui.api import router as ui_router
 
 log = logging.getLogger("sentinel.server")
@@ -107,7 +108,7 @@ def create_app(settings: Settings, clock: Clock | None = None, *, migrate: bool 
     api = APIRouter(prefix="/api/v1")
     for router in (nodes_router, accelerators_router, fleet_router, jobs_router, events_router, audit_router,
                    tokens_router, incidents_router, alerting_router, remediation_router, checkpoints_router,
-                   policy_router, network_router, diagnosis_router):
+                   policy_router, network_router, diagnosis_router, serving_router):
         api.include_router(router)
     app.include_router(api)
     app.include_router(ui_router)  # the status page: /ui

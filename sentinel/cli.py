@@ -23,6 +23,7 @@ from sentinel.incidents import cli as incidents_cli
 from sentinel.mcp import cli as mcp_cli
 from sentinel.network import cli as network_cli
 from sentinel.policy import cli as policy_cli
+from sentinel.serving.cli import serving_table
 from sentinel.simulate import cli as simulate
 
 LOG_FORMAT = "%(asctime)s %(levelname)-7s %(name)s: %(message)s"
@@ -190,6 +191,9 @@ def cmd_jobs(args: argparse.Namespace) -> int:
                      tokens, memory, failures, *_checkpoint_columns(client.get(f"/jobs/{j['id']}")["checkpoints"])))
     print(table(["JOB", "NAME", "KIND", "STATE", "WORLD", "MFU", "ALLREDUCE", "STEP p50/p95", "TOKENS/S",
                  "PEAK MEM", "FAILURES", "CKPT STEP", "CKPT STALL", "CKPT EVERY (REC.)"], rows))
+    serving = serving_table(client, jobs)
+    if serving:
+        print(f"\nserving, over the server's window:\n{serving}")
     return 0
 
 

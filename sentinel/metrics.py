@@ -25,6 +25,7 @@ from sentinel.nodes.service import fault_rates
 from sentinel.pipeline.ingest import Ingest
 from sentinel.remediation.engine import RemediationEngine
 from sentinel.remediation.recovery import JobHealth
+from sentinel.serving.metrics import ServingCollector
 
 
 @dataclass(frozen=True)
@@ -274,7 +275,8 @@ def build_registry(sources: Sources) -> CollectorRegistry:
     registry = CollectorRegistry(auto_describe=False)
     registry.register(RateLimitCollector(sources))  # every server, leader or not: each limits its own callers
     registry.register(ServerCollector(sources))
-    for collector in (FleetCollector(sources), JobCollector(sources), ReliabilityCollector(sources)):
+    for collector in (FleetCollector(sources), JobCollector(sources), ReliabilityCollector(sources),
+                      ServingCollector(lambda: sources.live.serving, sources.clock)):
         registry.register(LeaderOnly(sources, collector))
     registry.register(sources.incidents.latency)
     return registry

@@ -13,6 +13,7 @@ from sentinel.deps import IdPath, Live, Offset, Remediation, ServerClock, Sessio
 from sentinel.errors import CONFLICT
 from sentinel.jobs import service
 from sentinel.jobs.schemas import JobCreate, JobMetrics, JobOut, TaskCreate, TaskOut
+from sentinel.serving.signals import Slo
 
 log = logging.getLogger("sentinel.jobs")
 router = APIRouter(prefix="/jobs", tags=["jobs"])
@@ -26,11 +27,14 @@ class JobDetail(JobOut):
 
 
 @router.post("", response_model=JobOut, status_code=201)
-def create_job(spec: JobCreate, sessions: Sessions, who: Annotated[Principal, Depends(allow(LAUNCH))]) -> JobOut:
+def create_job(spec: JobCreate, sessions: Sessions, live: Live,
+               who: Annotated[Principal, Depends(allow(LAUNCH))]) -> JobOut:
     with transaction(sessions) as session:
         job = service.create_job(session, spec, actor=who.actor)
         session.flush()
         out = JobOut.model_validate(job)
+    if out.kind == "serving":
+        live.serving.set_slo(out.id, Slo.of(out.attributes))
     log.info("job registered: job=%d name=%s kind=%s world_size=%d by=%s", out.id, out.name, out.kind,
              out.world_size, who.actor)
     return out

@@ -3,8 +3,9 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 
+from sentinel.serving.schemas import check_attributes
 from sentinel.telemetry.schemas import Name, Uuid
 
 
@@ -14,7 +15,9 @@ class JobCreate(BaseModel):
     name: Name
     kind: Literal["training", "serving"] = "training"
     world_size: Annotated[int, Field(ge=1, le=100_000)]
-    attributes: Annotated[dict[Annotated[str, Field(max_length=64)], Any], Field(max_length=64)] = {}
+    # `slo` and `model_bytes` are read by sentinel/serving (validated there); the rest is the launcher's own
+    attributes: Annotated[dict[Annotated[str, Field(max_length=64)], Any], Field(max_length=64),
+                          AfterValidator(check_attributes)] = {}
 
 
 class TaskCreate(BaseModel):

@@ -9,6 +9,7 @@
 | `checkpoints` | checkpoints.py | recent checkpoint commits per job                       | shard registration   |
 | `faults`      | faults.py      | recent hardware faults per accelerator and node         | hardware events      |
 | `network`     | network/view.py| the probe plan and matrix, RDMA ports, localisation     | registration, ingest |
+| `serving`     | serving/signals| each serving replica's request sums, the jobs' SLOs      | task telemetry, jobs |
 
 `liveness.py` is the periodic upkeep of `fleet` (silent nodes marked down, last-seen flushed in batches).
 """
@@ -17,8 +18,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
 
+from sentinel.jobs.models import Job
 from sentinel.live.assignments import Assignments
 from sentinel.live.checkpoints import CheckpointLedger
 from sentinel.live.faults import FaultHistory
@@ -28,6 +31,7 @@ from sentinel.live.samples import SampleStore
 from sentinel.network.localise import Thresholds
 from sentinel.network.rules import load_rules
 from sentinel.network.view import NetworkView
+from sentinel.serving.signals import ServingView
 
 
 @dataclass
@@ -39,6 +43,7 @@ class LiveView:
     checkpoints: CheckpointLedger
     faults: FaultHistory
     network: NetworkView
+    serving: ServingView
 
     @classmethod
     def empty(cls, factory: sessionmaker[Session], *, window_samples: int,
@@ -47,7 +52,7 @@ class LiveView:
                                                thresholds=Thresholds(), domain_labels=("rack", "switch"))
         return cls(fleet=Fleet(), samples=SampleStore(window_samples), jobs=JobTelemetry(),
                    assignments=Assignments(factory), checkpoints=CheckpointLedger(), faults=FaultHistory(),
-                   network=network)
+                   network=network, serving=ServingView())
 
     def load(self, session: Session, now: float) -> None:
         """Rebuild every part from SQL (on taking the lead; the samples window refills from the next reports)."""
@@ -57,6 +62,8 @@ class LiveView:
         self.faults.load(session, now=now)
         self.checkpoints.load(session)
         self.network.load(session)
+        self.serving.load((job_id, attributes) for job_id, attributes in session.execute(
+            select(Job.id, Job.attributes).where(Job.kind == "serving")))
 
     def shard_registered(self, job_id: int, step: int, rank: int, attempt: int, *, world_size: int, committed: bool,
                          at: float) -> None:

@@ -94,6 +94,9 @@ class ReportPipeline:
                         report.seq, " ".join(f"job{t.job_id}/rank{t.rank}" for t in report.tasks if t not in tasks))
         if tasks:
             jobs.add(live.name, tasks, self.clock.time())
+            for task in tasks:
+                if task.serving is not None:
+                    self.live.serving.add(live.name, task.job_id, task.rank, task.serving, self.clock.time())
         if report.probes or report.nics:
             self.live.network.reported(live.name, report.probes, report.nics, self.clock.time())
         if self.diagnosis is not None:  # the step decomposition, host memory, experiment results

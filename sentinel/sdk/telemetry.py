@@ -21,6 +21,7 @@ from types import TracebackType
 from typing import Any, TypeVar
 
 from sentinel.sdk.agent_link import AgentRefused, _AgentConnection
+from sentinel.sdk.serving import Requests
 
 T = TypeVar("T")
 log = logging.getLogger("sentinel.sdk")
@@ -68,6 +69,7 @@ class Telemetry:
         self._step_exposed: float | None = None
         self._phases: dict[str, list[float]] = {}  # name → [seconds, of which inside steps]
         self._experts: dict[str, float] | None = None
+        self._serving: Requests | None = None
         self.sent_batches = 0
         self.dropped_batches = 0
         self.refused_batches = 0  # answered 403: not sent by the process it names, or not the task placed here
@@ -232,6 +234,14 @@ class Telemetry:
                            "peak_flops_per_accelerator": peak_flops_per_accelerator,
                            "accelerators_per_rank": accelerators_per_rank, "accelerator_model": accelerator_model}
 
+    def serving(self, replica: str | None = None, stage: str = "mixed") -> Requests:
+        """This process's request recorder (a serving replica): its sums go out with each batch.
+        `stage` is the replica's role where encode, prefill and decode run on separate replica groups."""
+        with self._lock:
+            if self._serving is None:
+                self._serving = Requests(replica, stage)
+            return self._serving
+
     def record_failure(self, exc_type: type[BaseException], exc: BaseException) -> None:
         with self._lock:  # the uncaught exception is what it died of; a failed step before it is part of it
             self._failure = {"type": exc_type.__name__, "message": str(exc)[:1000]}
@@ -251,7 +261,8 @@ class Telemetry:
     def take_batch(self) -> dict[str, Any] | None:
         with self._lock:
             if not (self._steps or self._collectives or self._failure or self._model or self._pauses
-                    or self._pause_ended or self._phases):
+                    or self._pause_ended or self._phases
+                    or (self._serving is not None and self._serving.pending())):
                 return None
             batch = {"job_id": self.job_id, "rank": self.rank, "attempt": self.attempt, "pid": self.pid,
                      "steps": self._steps, "collectives": self._collectives, "model": self._model,
@@ -263,6 +274,8 @@ class Telemetry:
                 batch["phases"] = {name: tuple(v) for name, v in self._phases.items()}
             if self._experts is not None:
                 batch["experts"] = self._experts
+            if self._serving is not None:
+                batch["serving"] = self._serving.take()
             self._steps, self._collectives, self._failure, self._pause_ended = [], {}, None, False
             self._phases, self._experts = {}, None
             return batch

@@ -10,6 +10,8 @@ from typing import Annotated, Any, Literal
 
 from pydantic import AwareDatetime, BaseModel, BeforeValidator, ConfigDict, Field, model_validator
 
+from sentinel.telemetry.serving import ServingStats
+
 Name = Annotated[str, Field(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9][A-Za-z0-9._:@-]*$")]
 Uuid = Annotated[str, Field(min_length=1, max_length=96, pattern=r"^[A-Za-z0-9][A-Za-z0-9._:-]*$")]
 Ratio = Annotated[float, Field(ge=0.0, le=1.0)]
@@ -282,6 +284,7 @@ class TaskTelemetry(WireModel):
     experts: ExpertLoad | None = None
     # of the time the task's threads were runnable, the share spent waiting for a CPU (/proc/<pid>/schedstat)
     cpu_wait_ratio: Ratio | None = None
+    serving: ServingStats | None = None  # a serving replica's requests (SDK or an engine adapter)
 
 
 class TaskExit(WireModel):
@@ -333,6 +336,7 @@ class SdkBatch(WireModel):
     # phase → (seconds, of which inside steps); sent only when timed, so an older agent refuses only those
     phases: Annotated[dict[PhaseName, tuple[Seconds, Seconds]], Field(max_length=16)] = {}
     experts: ExpertLoad | None = None
+    serving: ServingStats | None = None  # sent only by a serving process, so an older agent refuses only those
 
 
 class Assignment(BaseModel):

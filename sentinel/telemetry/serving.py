@@ -1,0 +1,90 @@
+"""What a serving replica says about its requests over one interval, on the wire (SDK → agent → server).
+
+The SDK (`sentinel.sdk.serving`) and the engine adapters (`collectors/engines/`) fill it; the agent sums it
+per task over its interval; the server sums it over a window per replica and per job (sentinel/serving/signals).
+Latencies travel as sparse histograms on the shared buckets (sentinel/sdk/buckets.py), so sums stay exact.
+Pydantic alone, like the rest of the wire contract.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from sentinel.sdk.buckets import MAX_BUCKET
+
+# per request: time to first token, inter-token latency (per token), time per output token (after the first),
+# end to end, waiting in the queue; per stage of a request (EPD disaggregation); the KV cache moved between stages
+SIGNALS = ("ttft", "itl", "tpot", "e2e", "queue", "kv_transfer", "encode", "prefill", "decode")
+Signal = Literal["ttft", "itl", "tpot", "e2e", "queue", "kv_transfer", "encode", "prefill", "decode"]
+STAGES = ("encode", "prefill", "decode")
+Stage = Literal["encode", "prefill", "decode", "mixed"]
+FAILURE_REASONS = ("error", "empty", "truncated", "timeout", "cancelled", "rejected", "kv_transfer")
+FailureReason = Literal["error", "empty", "truncated", "timeout", "cancelled", "rejected", "kv_transfer"]
+SOURCES = ("sdk", "vllm", "sglang", "dynamo")
+
+BucketIndex = Annotated[int, Field(ge=0, le=MAX_BUCKET)]
+Count = Annotated[int, Field(ge=0, le=2**62)]
+Histogram = Annotated[dict[BucketIndex, Count], Field(max_length=MAX_BUCKET + 1)]
+# a request's (TTFT bucket, TPOT bucket), "i:j": SLO attainment needs both of one request, not two marginals
+JointKey = Annotated[str, Field(min_length=3, max_length=7, pattern=r"^[0-9]{1,3}:[0-9]{1,3}$")]
+Seconds = Annotated[float, Field(ge=0.0, le=1e9)]
+UnixTime = Annotated[float, Field(ge=0.0, le=4_102_444_800.0)]
+
+
+class ServingStats(BaseModel):
+    """One replica's requests over one interval. Counts and histograms add; gauges are the latest reading."""
+
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
+
+    source: Literal["sdk", "vllm", "sglang", "dynamo"] = "sdk"
+    replica: Annotated[str, Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9][A-Za-z0-9._:-]*$")] | None = None
+    stage: Stage = "mixed"  # the replica's role where encode / prefill / decode run on separate replica groups
+    requests: Count = 0  # finished in the interval, well or not
+    failed: Annotated[dict[FailureReason, Count], Field(max_length=len(FAILURE_REASONS))] = {}
+    output_tokens: Count = 0
+    prompt_tokens: Count = 0
+    histograms: Annotated[dict[Signal, Histogram], Field(max_length=len(SIGNALS))] = {}
+    sums: Annotated[dict[Signal, Seconds], Field(max_length=len(SIGNALS))] = {}  # seconds in all, per signal
+    joint: Annotated[dict[JointKey, Count], Field(max_length=1024)] = {}  # absent where a source has only marginals
+    kv_transfer_bytes: Count = 0
+    kv_transfer_failures: Count = 0
+    preemptions: Count = 0
+    # the latest reading (None: the source does not say)
+    kv_cache_usage_ratio: Annotated[float, Field(ge=0.0, le=1.0)] | None = None
+    running: Count | None = None
+    waiting: Count | None = None
+    # requests in flight when the interval closed: how many, how old the oldest, when a token last came out
+    oldest_inflight_seconds: Seconds | None = None
+    last_token_at: UnixTime | None = None
+    batch_limit: Annotated[int, Field(ge=1, le=1_000_000)] | None = None  # the engine's current admission limit
+
+
+def add_stats(into: ServingStats, other: ServingStats) -> ServingStats:
+    """`other` summed into `into` (a later interval): counts add, gauges take the later reading."""
+    for reason, n in other.failed.items():
+        into.failed[reason] = into.failed.get(reason, 0) + n
+    for signal, hist in other.histograms.items():
+        mine = into.histograms.setdefault(signal, {})
+        for k, n in hist.items():
+            mine[k] = mine.get(k, 0) + n
+    for signal, seconds in other.sums.items():
+        into.sums[signal] = into.sums.get(signal, 0.0) + seconds
+    for key, n in other.joint.items():
+        if key in into.joint or len(into.joint) < 1024:
+            into.joint[key] = into.joint.get(key, 0) + n
+    into.requests += other.requests
+    into.output_tokens += other.output_tokens
+    into.prompt_tokens += other.prompt_tokens
+    into.kv_transfer_bytes += other.kv_transfer_bytes
+    into.kv_transfer_failures += other.kv_transfer_failures
+    into.preemptions += other.preemptions
+    for name in ("kv_cache_usage_ratio", "running", "waiting", "oldest_inflight_seconds", "last_token_at",
+                 "batch_limit"):
+        value = getattr(other, name)
+        if value is not None:
+            setattr(into, name, value)
+    into.source, into.stage = other.source, other.stage
+    into.replica = other.replica or into.replica
+    return into
