@@ -18,6 +18,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_l
 from collectors.base import Collector, Readings, SourceUnavailable, create
 from collectors.dedup import EventFolder
 from collectors.endpoint import serve
+from collectors.engines.watch import EngineWatch
 from collectors.experiments import ExchangeListener, result_of
 from collectors.jobs import ExitWatcher, TaskRelay
 from collectors.metrics import AgentCollector, AgentSnapshot
@@ -71,6 +72,7 @@ class AgentConfig:
     probe_listen: str | None = None
     probe_interval_seconds: float = 1.0
     labels: dict[str, str] = field(default_factory=dict)  # e.g. rack, switch: failure domains for localisation
+    engines: list[str] = field(default_factory=list)  # serving engines' /metrics, JOB/RANK=KIND@URL (engines/watch.py)
 
 
 class Agent:
@@ -90,6 +92,7 @@ class Agent:
                              registration=self.registration, on_ack=self._on_ack, on_registered=self.seq.raise_to)
         self.assignments: list[Assignment] = []
         self.relay = TaskRelay()
+        self.engines = EngineWatch(config.engines)  # a bad target fails here, at start, with what is wrong
         self.sdk_gate = SdkGate(config.node)  # which SDK batches count (collectors/sdk_gate.py)
         self.exits = ExitWatcher(self.on_task_exit)
         self.latest: dict[str, AcceleratorSample] = {}
@@ -177,6 +180,9 @@ class Agent:
             for sample in self.latest.values():
                 for proc in sample.processes:
                     device_memory[proc.pid] = device_memory.get(proc.pid, 0) + proc.used_bytes
+            assignments = list(self.assignments)
+        for batch in self.engines.poll(assignments):  # engines without the SDK: their /metrics, once per report
+            self.relay.add(batch)
         return self.relay.drain(device_memory)
 
     def report_now(self, readings: Readings | None = None, events: list[HardwareEvent] | None = None,

@@ -93,7 +93,7 @@ def cmd_collector(args: argparse.Namespace) -> int:
     config = AgentConfig(server_url=args.server, token=token, node=args.node_name, sources=sources,
                          interval_seconds=args.interval, listen_host=host or "127.0.0.1", listen_port=int(port),
                          state_dir=state_dir, spool_max_reports=args.spool_max, probe_listen=args.probe,
-                         probe_interval_seconds=args.probe_interval, labels=labels)
+                         probe_interval_seconds=args.probe_interval, labels=labels, engines=args.engine or [])
     agent = Agent(config)
     bound = agent.serve_http()
     agent.start()
@@ -305,6 +305,8 @@ def _collector_parser(sub: Any) -> None:
     p.add_argument("--probe-interval", type=float, default=1.0, help="seconds between probes of each peer")
     p.add_argument("--label", action="append", metavar="KEY=VALUE",
                    help="a node label, e.g. rack=r7 or switch=leaf3 (failure domains); repeat for several")
+    p.add_argument("--engine", action="append", metavar="JOB/RANK=KIND@URL[#REPLICA[:STAGE]]",
+                   help="a vLLM, SGLang or Dynamo /metrics page speaking for a serving task; repeat for several")
     p.add_argument("--interval", type=float, default=5.0, help="seconds between reports")
     p.add_argument("--listen", default="127.0.0.1:9481", help="address of the agent's /metrics")
     p.add_argument("--state-dir", default=None, help="spool and seq (default: <data dir>/agent)")

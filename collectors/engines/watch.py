@@ -1,0 +1,63 @@
+"""The agent's engine targets: which serving engine's /metrics speaks for which task of which job.
+
+A target is `JOB/RANK=KIND@URL`, optionally `#REPLICA:STAGE` (`sentinel collector --engine
+7/0=vllm@http://127.0.0.1:8000/metrics#d0:decode`). Each report interval the agent scrapes every target once
+(timeout 1 s, so a hung engine delays a report by at most that) and adds the interval's sums to the task's
+telemetry, as if the task's SDK had sent them. The task's pid comes from its assignment: a target whose task
+the server has not placed on this node is skipped (and said so once), because the server drops telemetry for
+tasks placed elsewhere.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+from dataclasses import dataclass, field
+
+from collectors.engines import ENGINES, EngineScraper
+from sentinel.telemetry.schemas import Assignment, SdkBatch
+
+log = logging.getLogger("sentinel.agent.engines")
+SPEC = re.compile(r"^(?P<job>[0-9]+)/(?P<rank>[0-9]+)=(?P<kind>[a-z]+)@(?P<url>https?://[^#\s]+)"
+                  r"(?:#(?P<replica>[A-Za-z0-9][A-Za-z0-9._-]*)(?::(?P<stage>encode|prefill|decode|mixed))?)?$")
+
+
+@dataclass
+class EngineTarget:
+    job_id: int
+    rank: int
+    scraper: EngineScraper
+    unplaced_said: bool = field(default=False)
+
+    @classmethod
+    def parse(cls, spec: str, timeout_seconds: float = 1.0) -> EngineTarget:
+        m = SPEC.match(spec.strip())
+        if m is None or m["kind"] not in ENGINES:
+            raise ValueError(f"engine target {spec!r}: expected JOB/RANK=KIND@URL[#REPLICA[:STAGE]], KIND one of "
+                             f"{', '.join(sorted(ENGINES))}")
+        scraper = EngineScraper(m["kind"], m["url"], replica=m["replica"], stage=m["stage"] or "mixed",  # type: ignore[arg-type]
+                                timeout_seconds=timeout_seconds)
+        return cls(int(m["job"]), int(m["rank"]), scraper)
+
+
+class EngineWatch:
+    def __init__(self, specs: list[str]):
+        self.targets = [EngineTarget.parse(s) for s in specs]
+
+    def poll(self, assignments: list[Assignment]) -> list[SdkBatch]:
+        """One scrape per target; the batches of those whose task is placed here with a pid."""
+        pids = {(a.job_id, a.rank): a.pid for a in assignments if a.pid}
+        out = []
+        for t in self.targets:
+            pid = pids.get((t.job_id, t.rank))
+            if pid is None:
+                if not t.unplaced_said:
+                    log.warning("engine target skipped: job=%d rank=%d url=%s: no task with a pid placed here yet",
+                                t.job_id, t.rank, t.scraper.url)
+                    t.unplaced_said = True
+                continue
+            t.unplaced_said = False
+            stats = t.scraper.scrape()
+            if stats is not None:
+                out.append(SdkBatch(job_id=t.job_id, rank=t.rank, pid=pid, serving=stats))
+        return out
