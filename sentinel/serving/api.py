@@ -43,7 +43,7 @@ def build(live: LiveView, job_id: int, now: float, placement: dict[int, list[str
         oldest_inflight_seconds=r.oldest_inflight_seconds, last_token_at=r.last_token_at,
         signals=summary(view.window(job_id, r.replica, now), seconds=seconds, slo=slo, model_bytes=model_bytes,
                         accelerator_model=model_of(r.rank)))
-        for r in view.replicas(job_id)]
+        for r in view.replicas(job_id, now)]
     first_model = next((m for m in (model_of(r.rank) for r in replicas) if m), None)
     return ServingOut(
         job_id=job_id, window_seconds=seconds,

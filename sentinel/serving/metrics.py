@@ -37,7 +37,7 @@ class ServingCollector(Collector):
             rows: list[tuple[list[str], dict[str, Any]]] = [
                 ([job, "serving", "", ""], summary(view.window(job_id, None, now), seconds=view.window_seconds,
                                                    slo=slo))]
-            for r in view.replicas(job_id):
+            for r in view.replicas(job_id, now):
                 lv = [job, "serving", r.replica, r.stage]
                 rows.append((lv, summary(view.window(job_id, r.replica, now), seconds=view.window_seconds, slo=slo)))
                 for name, value in (("running", r.running), ("waiting", r.waiting),

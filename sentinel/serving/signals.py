@@ -26,6 +26,7 @@ from sentinel.sdk import buckets
 from sentinel.telemetry.serving import SIGNALS, STAGES, ServingStats, add_stats
 
 HISTORY_SECONDS = 6 * 3600.0
+STALE_SECONDS = 600.0  # a replica silent this long is no longer one of the job's
 QUANTILES = (0.5, 0.95, 0.99)
 # peak HBM bandwidth per accelerator model, bytes/s (vendor data sheets), matched on the model name
 PEAK_MEMORY_BANDWIDTH = (("H200", 4.8e12), ("H100", 3.35e12), ("H800", 3.35e12), ("A100", 2.039e12),
@@ -155,9 +156,14 @@ class ServingView:
         with self._lock:
             return sorted(self._jobs)
 
-    def replicas(self, job_id: int) -> list[ReplicaStats]:
+    def replicas(self, job_id: int, now: float) -> list[ReplicaStats]:
+        """The job's replicas that reported within STALE_SECONDS; a replica silent longer (replaced, stopped) is
+        forgotten, so the API and /metrics stop naming it."""
         with self._lock:
-            return sorted(self._jobs.get(job_id, {}).values(), key=lambda r: (r.stage, r.replica))
+            replicas = self._jobs.get(job_id, {})
+            for name in [n for n, r in replicas.items() if r.last_seen < now - STALE_SECONDS]:
+                del replicas[name]
+            return sorted(replicas.values(), key=lambda r: (r.stage, r.replica))
 
     def totals(self, job_id: int) -> tuple[int, dict[str, int]]:
         """Requests finished and failed (by reason) since this server took the lead, across replicas."""

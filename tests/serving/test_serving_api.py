@@ -63,6 +63,10 @@ def test_the_window_slides_and_engine_marginals_give_a_lower_bound(job):
     assert d1["source"] == "vllm"
     assert d1["signals"]["slo"]["basis"] == "bound"
     assert d1["signals"]["slo_attainment_ratio"] == pytest.approx(0.7)
+    for _ in range(301):  # p0 reported all along; d1 falls silent for over 10 minutes (replaced, stopped)
+        job.clock.advance(2.0)
+        job.report(0)
+    assert [r["replica"] for r in job.serving()["replicas"]] == ["p0"]
 
 
 def test_the_serving_series_are_exported(job, client, admin_token):
