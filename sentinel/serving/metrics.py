@@ -64,7 +64,8 @@ def _add_signals(f: dict[str, Any], lv: list[str], signals: dict[str, Any]) -> N
     for signal, _ in LATENCIES:
         for q, value in signals["latency_seconds"].get(signal, {}).items():
             if value is not None:
-                f[signal].add_metric([*lv, str(int(q[1:]) / 100)], value)
+                f[signal].add_sample(f"sentinel_job_{signal}_seconds",
+                                     {**dict(zip(LABELS, lv, strict=True)), "quantile": str(int(q[1:]) / 100)}, value)
     for name, _ in GAUGES:
         if signals.get(name) is not None:
             f[name].add_metric(lv, signals[name])
@@ -75,8 +76,8 @@ def _add_signals(f: dict[str, Any], lv: list[str], signals: dict[str, Any]) -> N
 def _families() -> dict[str, Any]:
     f: dict[str, Any] = {}
     for signal, doc in LATENCIES:
-        f[signal] = GaugeMetricFamily(f"sentinel_job_{signal}_seconds", f"{doc}, over the window",
-                                      labels=[*LABELS, "quantile"])
+        # a summary, as sentinel_job_step_seconds: quantiles over the window, read from the histograms
+        f[signal] = Metric(f"sentinel_job_{signal}_seconds", f"{doc}, over the window", "summary")
     for name, doc in GAUGES:
         f[name] = GaugeMetricFamily(f"sentinel_job_{name}", doc, labels=LABELS)
     f["stage_time_ratio"] = GaugeMetricFamily("sentinel_job_stage_time_ratio",
