@@ -232,6 +232,7 @@ tel.set_model(flops_per_token=2e6)
 ckpt = CheckpointManager(every=10)
 weights = np.zeros(1 << 16, dtype=np.float32)
 crash = os.environ["CRASH_FILE"]
+requests = tel.serving(replica="d0", stage="decode") if os.environ.get("SENTINEL_KIND") == "serving" else None
 step = 0
 while True:
     if os.path.exists(crash):
@@ -240,6 +241,14 @@ while True:
         time.sleep(0.03)
         with tel.collective("all_reduce", nbytes=1 << 20):
             time.sleep(0.01)
+    if requests is not None:  # a serving replica: a request per batch, one in five with an empty answer
+        req = requests.start(prompt_tokens=64)
+        req.kv_transfer(0.002, 1 << 20)
+        if step % 5:
+            time.sleep(0.005)
+            req.token()
+            req.token(3)
+        requests.finish(req)
     step += 1
     weights[step % weights.size] += 1.0
     ckpt.save(step, {"weights": weights})
@@ -257,11 +266,15 @@ class Launcher:
         self.server_url, self.token = server.url, token
         self.ranks: dict[tuple[int, int], tuple[int, subprocess.Popen[bytes]]] = {}  # (job, rank) → (attempt, proc)
         self.stopped: list[subprocess.Popen[bytes]] = []
+        self.kinds: dict[int, str] = {}
 
     def create(self, name: str, kind: str, placement: dict[int, tuple[str, str]]) -> int:
-        response = self.api.post("/jobs", json={"name": name, "kind": kind, "world_size": len(placement)})
+        slo = {"slo": {"ttft_seconds": 1.0, "tpot_seconds": 0.5}} if kind == "serving" else {}
+        response = self.api.post("/jobs", json={"name": name, "kind": kind, "world_size": len(placement),
+                                                "attributes": slo})
         assert response.status_code == 201, response.text
         job_id = int(response.json()["id"])
+        self.kinds[job_id] = kind
         for rank, (node, uuid) in placement.items():
             self.start(job_id, rank, 0, node, uuid)
         return job_id
@@ -274,7 +287,7 @@ class Launcher:
                "SENTINEL_SERVER": self.server_url, "SENTINEL_TOKEN": self.token, "SENTINEL_NODE": node,
                "SENTINEL_CHECKPOINT_LOCAL_DIR": str(self.work / "checkpoints" / "{node}"),
                "SENTINEL_ATTEMPT": str(attempt), "SENTINEL_AGENT_URL": self.agent_urls[node],
-               "CRASH_FILE": str(self.crash_file(job_id, rank, attempt))}
+               "CRASH_FILE": str(self.crash_file(job_id, rank, attempt)), "SENTINEL_KIND": self.kinds[job_id]}
         log = open(self.work / f"job-{job_id}-rank-{rank}-attempt-{attempt}.log", "ab")  # noqa: SIM115
         proc = subprocess.Popen([sys.executable, "-c", WORKER], env=env, cwd=ROOT, stdout=log, stderr=log,
                                 start_new_session=True)
