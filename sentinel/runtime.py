@@ -100,7 +100,8 @@ class Runtime:
         ctx = DetectionContext(settings=settings, clock=clock, fleet=live.fleet, samples=live.samples, jobs=live.jobs,
                                catalog=FaultCatalog.load(settings.fault_catalog_file), history=live.faults,
                                assignments=live.assignments.snapshot, checkpoints=live.checkpoints,
-                               restarting=remediation.is_restarting, network=live.network, diagnosis=diagnosis)
+                               restarting=remediation.is_restarting, network=live.network, diagnosis=diagnosis,
+                               serving=live.serving)
         detection = DetectionEngine(ctx, load_detectors(settings), incidents, errors)  # 3 → 4
         pipeline = ReportPipeline(ingest=ingest, live=live, detection=detection, remediation=remediation,
                                   commands=commands, clock=clock, errors=errors,

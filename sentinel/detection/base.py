@@ -28,6 +28,7 @@ if TYPE_CHECKING:
     from sentinel.live.jobs import JobTelemetry
     from sentinel.live.samples import SampleStore
     from sentinel.network.view import NetworkView
+    from sentinel.serving.signals import ServingView
     from sentinel.telemetry.schemas import Assignment, NodeReport
 
 log = logging.getLogger("sentinel.detection")
@@ -57,6 +58,7 @@ class DetectionContext:
     checkpoints: CheckpointLedger | None = None  # recent commits per job (the catalog keeps it current)
     network: NetworkView | None = None  # the probe mesh and RDMA ports (sentinel/network/)
     diagnosis: Diagnoser | None = None  # step-time decomposition and slowdown attribution (sentinel/diagnosis/)
+    serving: ServingView | None = None  # serving replicas' request signals (sentinel/serving/)
 
     def node_of(self, uuid: str) -> str | None:
         for live in self.fleet.all():

@@ -16,6 +16,8 @@ from sentinel.detection.detectors.heartbeat import HeartbeatLoss
 from sentinel.detection.detectors.lemon import LemonDetector
 from sentinel.detection.detectors.memory import MemoryDetector
 from sentinel.detection.detectors.mfu_drop import MfuDropDetector
+from sentinel.detection.detectors.serving_stall import ServingStall
+from sentinel.detection.detectors.slo_burn import SloBurn
 from sentinel.detection.detectors.straggler import StragglerDetector
 from sentinel.detection.detectors.task_exit import TaskExit as TaskExitDetector
 from sentinel.detection.detectors.throttle import ThrottleDetector
@@ -426,3 +428,36 @@ def lemon_ages_out() -> Outcome:
     world, detector, stream = lemon()
     world.advance(8 * 86400.0)
     return world, detector, [*stream, (8 * 86400.0, world.evaluate(detector))]
+
+
+def serving_stall(replicas: tuple[str, ...] = ("d1",), freeze_at: float = 60.0, seconds: float = 120.0,
+                  resume_at: float | None = None, running: int = 4) -> Outcome:
+    """A serving job's decode replicas report every 10 s; `replicas` freeze mid-stream at `freeze_at` (requests in
+    flight, no token since), and come back at `resume_at`. Replica d0 stays healthy throughout."""
+    world = World()
+    world.add_node("node-s", accelerators=len(replicas) + 1)
+    detector = ServingStall(world.settings)
+    names = ("d0", *replicas)
+
+    def tick(t: float) -> None:
+        for rank, name in enumerate(names):
+            frozen = name != "d0" and t >= freeze_at and (resume_at is None or t < resume_at)
+            world.serve("node-s", 9, rank, name, frozen=frozen, running=running)
+
+    return world, detector, run(world, detector, seconds, tick)
+
+
+def slo_burn(failing: tuple[int, ...] = (9,), fail_at: float = 600.0, seconds: float = 900.0,
+             recover_at: float | None = None, share: float = 0.6) -> Outcome:
+    """Serving jobs whose replica finishes 20 requests per 10 s; from `fail_at` a `share` of the `failing` jobs'
+    requests fail (until `recover_at`)."""
+    world = World()
+    world.add_node("node-s", accelerators=4)
+    detector = SloBurn(world.settings)
+
+    def tick(t: float) -> None:
+        for job_id in (9, 10, 11):
+            bad = job_id in failing and t >= fail_at and (recover_at is None or t < recover_at)
+            world.serve("node-s", job_id, 0, "d0", failed=round(20 * share) if bad else 0, running=0)
+
+    return world, detector, run(world, detector, seconds, tick)

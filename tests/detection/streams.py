@@ -19,7 +19,10 @@ from sentinel.live.fleet import Fleet
 from sentinel.live.jobs import JobTelemetry
 from sentinel.live.samples import SampleStore
 from sentinel.nodes.models import Node
+from sentinel.sdk.buckets import bucket
+from sentinel.serving.signals import ServingView
 from sentinel.telemetry.schemas import AcceleratorSample, Assignment, TaskModel, TaskTelemetry
+from sentinel.telemetry.serving import ServingStats
 from tests.conftest import FakeClock
 
 GiB = 2**30
@@ -40,11 +43,15 @@ class World:
         self.assignments: dict[int, list[Assignment]] = {}
         self.checkpoints = CheckpointLedger()
         self.components = ComponentStore()
+        self.serving = ServingView()
         self.ctx = DetectionContext(settings=self.settings, clock=self.clock, fleet=self.fleet, samples=self.samples,
                                     jobs=self.jobs, catalog=FaultCatalog.load(),
                                     history=self.history, assignments=lambda: self.assignments,
-                                    checkpoints=self.checkpoints, diagnosis=Diagnoser(self.components))
+                                    checkpoints=self.checkpoints, diagnosis=Diagnoser(self.components),
+                                    serving=self.serving)
         self._last_step: dict[tuple[int, int], int] = {}
+        self._last_token: dict[tuple[int, str], float] = {}
+        self._frozen_since: dict[tuple[int, str], float] = {}
 
     @property
     def now(self) -> float:
@@ -59,6 +66,24 @@ class World:
                    interval_seconds=10.0, last_seq=0, sources=["test"])
         self.fleet.apply(row, set(uuids), last_seen=self.now)
         return uuids
+
+    def serve(self, node: str, job_id: int, rank: int, replica: str, *, frozen: bool = False,
+              running: int = 4, failed: int = 0) -> None:
+        """One agent interval of a decode replica: 20 requests with 30 ms between tokens, or, frozen, its
+        requests in flight and no token since it froze (a decode stuck mid-stream)."""
+        key = (job_id, replica)
+        if frozen:
+            self._frozen_since.setdefault(key, self.now)
+        else:
+            self._frozen_since.pop(key, None)
+            self._last_token[key] = self.now
+        since = self._frozen_since.get(key)
+        self.serving.add(node, job_id, rank, ServingStats(
+            replica=replica, stage="decode", requests=0 if frozen else 20, running=running,
+            failed={"error": failed} if failed else {},
+            histograms={} if frozen else {"itl": {bucket(0.03): 380}},
+            last_token_at=self._last_token.get(key), oldest_inflight_seconds=None if running == 0 else
+            0.4 if since is None else self.now - since + 0.4), self.now)
 
     def place(self, job_id: int, rank: int, node: str, accelerators: list[str]) -> None:
         live = self.fleet.get(node)
