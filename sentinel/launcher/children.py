@@ -23,6 +23,17 @@ log = logging.getLogger("sentinel.launch")
 START_SECONDS = 30.0  # a fork or exec is answered in milliseconds; this only bounds a wedged zygote
 
 
+def signal_group(pid: int, sig: int) -> None:
+    """`sig` to `pid`'s process group; to `pid` alone when it has not yet called setsid (just forked)."""
+    try:
+        os.killpg(pid, sig)
+    except ProcessLookupError:  # no group led by pid yet: the child is still in its parent's group
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.kill(pid, sig)
+    except PermissionError:
+        pass
+
+
 class Child:
     """A process the zygote started: a standby (until given its rank) or an exec'd command."""
 
@@ -47,8 +58,7 @@ class Child:
     def signal_group(self, sig: int) -> None:
         """`sig` to the child's process group (it leads its own session): the rank and whatever it started."""
         if self.pid and self.returncode is None:
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.killpg(self.pid, sig)
+            signal_group(self.pid, sig)
 
     def kill(self) -> None:
         self.signal_group(signal.SIGKILL)

@@ -224,8 +224,13 @@ class Zygote:
     def _signal_all(self, sig: int) -> None:
         for pid in list(self.kids):
             for s in (sig, signal.SIGCONT):  # a stopped process acts on SIGTERM only once continued
-                with contextlib.suppress(ProcessLookupError, PermissionError):
+                try:
                     os.killpg(pid, s)
+                except ProcessLookupError:  # forked but not yet in its own session: the kid alone
+                    with contextlib.suppress(ProcessLookupError, PermissionError):
+                        os.kill(pid, s)
+                except PermissionError:
+                    pass
         for pid in self.strays():
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.kill(pid, sig)

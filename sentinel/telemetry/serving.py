@@ -26,7 +26,11 @@ SOURCES = ("sdk", "vllm", "sglang", "dynamo")
 
 BucketIndex = Annotated[int, Field(ge=0, le=MAX_BUCKET)]
 Count = Annotated[int, Field(ge=0, le=2**62)]
-Histogram = Annotated[dict[BucketIndex, Count], Field(max_length=MAX_BUCKET + 1)]
+# JSON keys are strings: the schema says which (a bucket index 0..255, as buckets.MAX_BUCKET), so clients and
+# schema-driven fuzzing know a key is a number
+BUCKET_KEY = r"^(0|[1-9][0-9]?|1[0-9]{2}|2[0-4][0-9]|25[0-5])$"
+Histogram = Annotated[dict[BucketIndex, Count], Field(max_length=MAX_BUCKET + 1, json_schema_extra={
+    "propertyNames": {"pattern": BUCKET_KEY}})]
 # a request's (TTFT bucket, TPOT bucket), "i:j": SLO attainment needs both of one request, not two marginals
 JointKey = Annotated[str, Field(min_length=3, max_length=7, pattern=r"^[0-9]{1,3}:[0-9]{1,3}$")]
 Seconds = Annotated[float, Field(ge=0.0, le=1e9)]

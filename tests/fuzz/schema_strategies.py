@@ -84,7 +84,7 @@ def _object(schema: dict[str, Any], defs: dict[str, Any]) -> st.SearchStrategy[d
         if len(patterns) == 1:  # dict[ConstrainedKey, V]: keys match the pattern, values follow its schema
             (pattern, values), = patterns.items()
             names["pattern"] = pattern
-        keys = _string(names)
+        keys = st.sampled_from(names["enum"]) if "enum" in names else _string(names)  # dict[Literal, V]
         return st.dictionaries(keys, _strategy(values if isinstance(values, dict) else {}, defs),
                                max_size=min(schema.get("maxProperties", MAX_ITEMS), MAX_ITEMS))
     required = set(schema.get("required", []))

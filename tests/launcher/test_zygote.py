@@ -3,7 +3,9 @@ labelled as they really started, idle standbys asleep on a pipe."""
 
 from __future__ import annotations
 
+import contextlib
 import io
+import os
 import platform
 import signal
 import sys
@@ -14,6 +16,7 @@ from typing import Any
 import psutil
 import pytest
 
+from sentinel.launcher.children import signal_group
 from sentinel.launcher.local import LocalProcesses
 from sentinel.remediation.executors.base import Action, JobRef
 from tests.live import wait_for
@@ -135,3 +138,30 @@ def test_an_idle_standby_sleeps_in_a_read_on_its_pipe(make: Any) -> None:
         time.sleep(0.2)
         assert syscall.read_text().split()[0] == READ_SYSCALL[platform.machine()], "still in read(2): not polling"
         assert psutil.Process(standby.pid).status() == psutil.STATUS_SLEEPING
+
+
+
+def reaped_within(pid: int, seconds: float) -> int | None:
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        done, status = os.waitpid(pid, os.WNOHANG)
+        if done:
+            return os.waitstatus_to_exitcode(status)
+        time.sleep(0.01)
+    return None
+
+
+def test_a_child_killed_before_it_leads_its_own_group_still_dies() -> None:
+    """The window between the zygote's fork and the child's setsid: killpg(pid) finds no group there, so a
+    standby killed in it (CI: its start reported, the child not yet scheduled) lived on, and no exit came."""
+    pid = os.fork()
+    if pid == 0:  # still in the test's process group, as a fresh fork is in the zygote's
+        time.sleep(30)
+        os._exit(0)
+    try:
+        signal_group(pid, signal.SIGKILL)
+        assert reaped_within(pid, 10) == -signal.SIGKILL
+    finally:
+        with contextlib.suppress(ChildProcessError, ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+            os.waitpid(pid, 0)

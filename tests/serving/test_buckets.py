@@ -46,3 +46,12 @@ def test_an_engine_histogram_is_placed_at_its_upper_bounds():
     h = buckets.rebucket([(0.1, 5), (0.25, 0), (1.0, 2), (float("inf"), 1)])
     assert h == {buckets.bucket(0.1): 5, buckets.bucket(1.0): 2, buckets.MAX_BUCKET: 1}
     assert buckets.quantile(h, 0.5) <= 0.1 and buckets.quantile(h, 0.5) > 0.09
+
+
+def test_the_wire_schema_names_exactly_the_bucket_indexes() -> None:
+    import re
+
+    from sentinel.telemetry.serving import BUCKET_KEY
+
+    assert [i for i in range(1000) if re.fullmatch(BUCKET_KEY, str(i))] == list(range(buckets.MAX_BUCKET + 1))
+    assert not re.fullmatch(BUCKET_KEY, "007")
