@@ -73,6 +73,7 @@ class AgentConfig:
     probe_interval_seconds: float = 1.0
     labels: dict[str, str] = field(default_factory=dict)  # e.g. rack, switch: failure domains for localisation
     engines: list[str] = field(default_factory=list)  # serving engines' /metrics, JOB/RANK=KIND@URL (engines/watch.py)
+    canary_seconds: float = 15.0  # between canary completions per engine target (engines/canary.py); 0: none
 
 
 class Agent:
@@ -92,7 +93,7 @@ class Agent:
                              registration=self.registration, on_ack=self._on_ack, on_registered=self.seq.raise_to)
         self.assignments: list[Assignment] = []
         self.relay = TaskRelay()
-        self.engines = EngineWatch(config.engines)  # a bad target fails here, at start, with what is wrong
+        self.engines = EngineWatch(config.engines, config.canary_seconds)  # a bad target fails here, at start
         self.sdk_gate = SdkGate(config.node)  # which SDK batches count (collectors/sdk_gate.py)
         self.exits = ExitWatcher(self.on_task_exit)
         self.latest: dict[str, AcceleratorSample] = {}

@@ -6,6 +6,9 @@ A target is `JOB/RANK=KIND@URL`, optionally `#REPLICA:STAGE` (`sentinel collecto
 telemetry, as if the task's SDK had sent them. The task's pid comes from its assignment: a target whose task
 the server has not placed on this node is skipped (and said so once), because the server drops telemetry for
 tasks placed elsewhere.
+
+Each target also gets an active canary (canary.py) on the same host and port, every `canary_seconds` (0: none):
+its latest result rides in the target's stats, or alone when the /metrics page did not answer.
 """
 
 from __future__ import annotations
@@ -15,7 +18,9 @@ import re
 from dataclasses import dataclass, field
 
 from collectors.engines import ENGINES, EngineScraper
+from collectors.engines.canary import Canary
 from sentinel.telemetry.schemas import Assignment, SdkBatch
+from sentinel.telemetry.serving import ServingStats
 
 log = logging.getLogger("sentinel.agent.engines")
 SPEC = re.compile(r"^(?P<job>[0-9]+)/(?P<rank>[0-9]+)=(?P<kind>[a-z]+)@(?P<url>https?://[^#\s]+)"
@@ -27,22 +32,24 @@ class EngineTarget:
     job_id: int
     rank: int
     scraper: EngineScraper
+    canary: Canary | None = None
     unplaced_said: bool = field(default=False)
 
     @classmethod
-    def parse(cls, spec: str, timeout_seconds: float = 1.0) -> EngineTarget:
+    def parse(cls, spec: str, timeout_seconds: float = 1.0, canary_seconds: float = 0.0) -> EngineTarget:
         m = SPEC.match(spec.strip())
         if m is None or m["kind"] not in ENGINES:
             raise ValueError(f"engine target {spec!r}: expected JOB/RANK=KIND@URL[#REPLICA[:STAGE]], KIND one of "
                              f"{', '.join(sorted(ENGINES))}")
         scraper = EngineScraper(m["kind"], m["url"], replica=m["replica"], stage=m["stage"] or "mixed",  # type: ignore[arg-type]
                                 timeout_seconds=timeout_seconds)
-        return cls(int(m["job"]), int(m["rank"]), scraper)
+        canary = Canary(m["url"], every_seconds=canary_seconds) if canary_seconds > 0 else None
+        return cls(int(m["job"]), int(m["rank"]), scraper, canary)
 
 
 class EngineWatch:
-    def __init__(self, specs: list[str]):
-        self.targets = [EngineTarget.parse(s) for s in specs]
+    def __init__(self, specs: list[str], canary_seconds: float = 0.0):
+        self.targets = [EngineTarget.parse(s, canary_seconds=canary_seconds) for s in specs]
 
     def poll(self, assignments: list[Assignment]) -> list[SdkBatch]:
         """One scrape per target; the batches of those whose task is placed here with a pid."""
@@ -58,6 +65,11 @@ class EngineWatch:
                 continue
             t.unplaced_said = False
             stats = t.scraper.scrape()
+            probed = t.canary.tick() if t.canary is not None else None
+            if probed is not None:
+                stats = stats or ServingStats(source=t.scraper.engine.source, replica=t.scraper.replica,
+                                              stage=t.scraper.stage)
+                stats.canary = probed
             if stats is not None:
                 out.append(SdkBatch(job_id=t.job_id, rank=t.rank, pid=pid, serving=stats))
         return out

@@ -23,10 +23,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from sentinel.sdk import buckets
-from sentinel.telemetry.serving import SIGNALS, STAGES, ServingStats, add_stats
+from sentinel.telemetry.serving import SIGNALS, STAGES, CanaryResult, ServingStats, add_stats
 
 HISTORY_SECONDS = 6 * 3600.0
 STALE_SECONDS = 600.0  # a replica silent this long is no longer one of the job's
+CANARIES_KEPT = 8  # the latest canary results per replica (collectors/engines/canary.py)
 QUANTILES = (0.5, 0.95, 0.99)
 # peak HBM bandwidth per accelerator model, bytes/s (vendor data sheets), matched on the model name
 PEAK_MEMORY_BANDWIDTH = (("H200", 4.8e12), ("H100", 3.35e12), ("H800", 3.35e12), ("A100", 2.039e12),
@@ -91,6 +92,7 @@ class ReplicaStats:
     waiting: int | None = None
     kv_cache_usage_ratio: float | None = None
     batch_limit: int | None = None
+    canaries: deque[CanaryResult] = field(default_factory=lambda: deque(maxlen=CANARIES_KEPT))  # oldest first
     requests_total: int = 0  # since this server took the lead
     failed_total: dict[str, int] = field(default_factory=dict)
 
@@ -138,6 +140,8 @@ class ServingView:
                 if value is not None:
                     setattr(r, attr, value)
             r.oldest_inflight_seconds = stats.oldest_inflight_seconds
+            if stats.canary is not None:
+                r.canaries.append(stats.canary)
             r.requests_total += stats.requests
             totals = self._totals.setdefault(job_id, ({"": 0}, {}))
             totals[0][""] += stats.requests

@@ -37,6 +37,23 @@ Seconds = Annotated[float, Field(ge=0.0, le=1e9)]
 UnixTime = Annotated[float, Field(ge=0.0, le=4_102_444_800.0)]
 
 
+class CanaryResult(BaseModel):
+    """One active probe of a replica (collectors/engines/canary.py): a real completion of a few tokens, streamed
+    and read to its end. `reason` says how it failed: error (no answer, or not 200), empty (200 and no token),
+    truncated (the stream stopped before its end), timeout (no byte for too long: frozen mid-stream)."""
+
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
+
+    at: UnixTime  # when it finished, on the agent's clock
+    ok: bool
+    reason: Literal["error", "empty", "truncated", "timeout"] | None = None
+    status: Annotated[int, Field(ge=0, le=999)] | None = None  # the HTTP status, when one came
+    tokens: Count = 0  # tokens streamed back
+    seconds: Seconds = 0.0  # from sending to the end (or the failure)
+    ttft_seconds: Seconds | None = None
+    detail: Annotated[str, Field(max_length=300)] = ""
+
+
 class ServingStats(BaseModel):
     """One replica's requests over one interval. Counts and histograms add; gauges are the latest reading."""
 
@@ -63,6 +80,7 @@ class ServingStats(BaseModel):
     oldest_inflight_seconds: Seconds | None = None
     last_token_at: UnixTime | None = None
     batch_limit: Annotated[int, Field(ge=1, le=1_000_000)] | None = None  # the engine's current admission limit
+    canary: CanaryResult | None = None  # the latest active probe finished in the interval (engine targets only)
 
 
 def add_stats(into: ServingStats, other: ServingStats) -> ServingStats:
@@ -85,7 +103,7 @@ def add_stats(into: ServingStats, other: ServingStats) -> ServingStats:
     into.kv_transfer_failures += other.kv_transfer_failures
     into.preemptions += other.preemptions
     for name in ("kv_cache_usage_ratio", "running", "waiting", "oldest_inflight_seconds", "last_token_at",
-                 "batch_limit"):
+                 "batch_limit", "canary"):
         value = getattr(other, name)
         if value is not None:
             setattr(into, name, value)

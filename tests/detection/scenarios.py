@@ -9,6 +9,7 @@ from collections.abc import Callable
 from sentinel.detection.base import Detector, Evaluation
 from sentinel.detection.catalog import FaultCatalog
 from sentinel.detection.detectors.allreduce_spike import AllreduceSpikeDetector
+from sentinel.detection.detectors.bad_completion import BadCompletion
 from sentinel.detection.detectors.checkpoint_stale import CheckpointStaleDetector
 from sentinel.detection.detectors.hang import HungTask
 from sentinel.detection.detectors.hardware import HardwareEvents
@@ -461,3 +462,23 @@ def slo_burn(failing: tuple[int, ...] = (9,), fail_at: float = 600.0, seconds: f
             world.serve("node-s", job_id, 0, "d0", failed=round(20 * share) if bad else 0, running=0)
 
     return world, detector, run(world, detector, seconds, tick)
+
+
+def bad_completion(replicas: tuple[str, ...] = ("d1",), bad_at: float = 60.0, seconds: float = 120.0,
+                   fixed_at: float | None = None, canary: str = "empty", every: float = 10.0) -> Outcome:
+    """A serving job's decode replicas report every 10 s, each with a canary result every `every` s; from
+    `bad_at` the canary of `replicas` comes back `canary` (empty, truncated, timeout, error), until `fixed_at`.
+    Replica d0 stays healthy throughout."""
+    world = World()
+    world.add_node("node-s", accelerators=len(replicas) + 1)
+    detector = BadCompletion(world.settings)
+    names = ("d0", *replicas)
+
+    def tick(t: float) -> None:
+        for rank, name in enumerate(names):
+            bad = name != "d0" and t >= bad_at and (fixed_at is None or t < fixed_at)
+            probed = round(t) % round(every) == 0
+            world.serve("node-s", 9, rank, name, running=2, canary=(canary if bad else "ok") if probed else None)
+
+    return world, detector, run(world, detector, seconds, tick)
+

@@ -22,7 +22,7 @@ from sentinel.nodes.models import Node
 from sentinel.sdk.buckets import bucket
 from sentinel.serving.signals import ServingView
 from sentinel.telemetry.schemas import AcceleratorSample, Assignment, TaskModel, TaskTelemetry
-from sentinel.telemetry.serving import ServingStats
+from sentinel.telemetry.serving import CanaryResult, ServingStats
 from tests.conftest import FakeClock
 
 GiB = 2**30
@@ -68,9 +68,10 @@ class World:
         return uuids
 
     def serve(self, node: str, job_id: int, rank: int, replica: str, *, frozen: bool = False,
-              running: int = 4, failed: int = 0) -> None:
+              running: int = 4, failed: int = 0, reason: str = "error", canary: str | None = None) -> None:
         """One agent interval of a decode replica: 20 requests with 30 ms between tokens, or, frozen, its
-        requests in flight and no token since it froze (a decode stuck mid-stream)."""
+        requests in flight and no token since it froze (a decode stuck mid-stream). `failed` of them end as
+        `reason`; `canary`: the agent's canary finished this interval, "ok" or how it failed."""
         key = (job_id, replica)
         if frozen:
             self._frozen_since.setdefault(key, self.now)
@@ -80,7 +81,11 @@ class World:
         since = self._frozen_since.get(key)
         self.serving.add(node, job_id, rank, ServingStats(
             replica=replica, stage="decode", requests=0 if frozen else 20, running=running,
-            failed={"error": failed} if failed else {},
+            failed={reason: failed} if failed else {},  # type: ignore[dict-item]
+            canary=None if canary is None else CanaryResult(
+                at=self.now - 0.5, ok=canary == "ok", reason=None if canary == "ok" else canary,  # type: ignore[arg-type]
+                status=None if canary == "error" else 200, tokens=8 if canary == "ok" else 0, seconds=0.3,
+                detail="finish_reason length" if canary == "ok" else f"canary {canary}"),
             histograms={} if frozen else {"itl": {bucket(0.03): 380}},
             last_token_at=self._last_token.get(key), oldest_inflight_seconds=None if running == 0 else
             0.4 if since is None else self.now - since + 0.4), self.now)
