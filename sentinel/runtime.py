@@ -86,6 +86,7 @@ class Runtime:
                               network=NetworkView.from_settings(settings))
         ingest = Ingest(factory=factory, fleet=live.fleet, samples=live.samples, clock=clock,
                         writer=GroupCommitWriter(factory))
+        ingest.in_flight = live.serving.in_flight  # a serving task's exit 0 with requests in flight is a failure
         dispatcher = Dispatcher(factory, settings, clock)
         incidents = Incidents(factory, settings, clock, outbox=dispatcher)  # 4 → 5 notify
         commands = CommandQueue()

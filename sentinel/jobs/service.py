@@ -139,8 +139,10 @@ def current_placement(session: Session, job_id: int) -> dict[int, list[str]]:
     return {rank: uuids for rank, (_, uuids) in placement.items()}
 
 
-def describe_exit(exit_code: int | None, exit_signal: int | None, exception: str | None = None) -> tuple[str, str]:
-    """(reason label for metrics, sentence for people) of a task's end."""
+def describe_exit(exit_code: int | None, exit_signal: int | None, exception: str | None = None,
+                  in_flight: int = 0) -> tuple[str, str]:
+    """(reason label for metrics, sentence for people) of a task's end. A serving task that exits 0 with requests
+    in flight has dropped them: an engine whose death exits 0 (vLLM #48966) lies too."""
     if exit_signal is not None:
         try:
             name = signal.Signals(exit_signal).name
@@ -151,6 +153,8 @@ def describe_exit(exit_code: int | None, exit_signal: int | None, exception: str
         return f"exit:0+exception:{exception}", f"exited with code 0 right after a {exception}: counted as a failure"
     if exception:
         return f"exception:{exception}", f"exited with code {exit_code} after an uncaught {exception}"
+    if in_flight > 0 and exit_code == 0:
+        return "exit:0+in_flight", f"exited with code 0 with {in_flight} request(s) in flight: counted as a failure"
     if exit_code is None:
         return "lost", "process ended; exit status unknown"
     return f"exit:{exit_code}", f"exited with code {exit_code}"
@@ -158,10 +162,11 @@ def describe_exit(exit_code: int | None, exit_signal: int | None, exception: str
 
 def record_task_exit(session: Session, *, node_id: int, job_id: int | None, rank: int | None, pid: int,
                      exit_code: int | None, exit_signal: int | None, exception: str | None,
-                     observed_at: datetime) -> tuple[Task, str] | None:
+                     observed_at: datetime, in_flight: int = 0) -> tuple[Task, str] | None:
     """Close the running task behind `pid` on `node_id`; returns it with the failure reason ('' if it succeeded).
     `exception`: what the SDK said the process ended on (an uncaught exception, or a step that failed with none
-    good after it); with it, exit 0 is a failure too."""
+    good after it); `in_flight`: the requests a serving task last said it had in flight. With either, exit 0 is
+    a failure too."""
     query = select(Task).where(Task.node_id == node_id, Task.pid == pid, Task.state == "running")
     if job_id is not None:
         query = query.where(Task.job_id == job_id)
@@ -170,8 +175,8 @@ def record_task_exit(session: Session, *, node_id: int, job_id: int | None, rank
     task = session.scalars(query.order_by(Task.attempt.desc())).first()
     if task is None:
         return None
-    failed = exit_signal is not None or exit_code != 0 or bool(exception)
-    reason, sentence = describe_exit(exit_code, exit_signal, exception)
+    failed = exit_signal is not None or exit_code != 0 or bool(exception) or in_flight > 0
+    reason, sentence = describe_exit(exit_code, exit_signal, exception, in_flight)
     task.state = "failed" if failed else "exited"
     task.exit_code, task.exit_signal, task.ended_at = exit_code, exit_signal, observed_at
     task.failure_reason = reason if failed else ""
@@ -184,5 +189,5 @@ def record_task_exit(session: Session, *, node_id: int, job_id: int | None, rank
                  node_id=node_id, job_id=task.job_id, observed_at=observed_at,
                  message=f"job {task.job_id} rank {task.rank} (pid {pid}) {sentence}",
                  data={"rank": task.rank, "pid": pid, "exit_code": exit_code, "signal": exit_signal,
-                       "reason": reason, "attempt": task.attempt})
+                       "reason": reason, "attempt": task.attempt, **({"in_flight": in_flight} if in_flight else {})})
     return task, reason if failed else ""

@@ -58,6 +58,8 @@ class Ingest:
         self.samples = samples
         self.clock = clock
         self.writer = writer
+        # (job, rank) → the requests a serving task last said it had in flight (runtime: the ServingView's)
+        self.in_flight: Callable[[int, int, float], int] = lambda job_id, rank, now: 0
         self.accepted_total = 0
         self.duplicates_total = 0
         self.rejected_total: dict[str, int] = {}
@@ -167,13 +169,17 @@ class Ingest:
             return rows, None
         node_id, name, seq = live.id, live.name, report.seq
         exceptions = {t.pid: t.failure.type for t in report.tasks if t.failure is not None}
+        flight = {t.pid: t.serving.running or 0 for t in report.tasks if t.serving is not None}
+        for ended in report.task_exits:  # a serving task's last word may have come in an earlier report
+            if ended.pid not in flight and ended.job_id is not None and ended.rank is not None:
+                flight[ended.pid] = self.in_flight(ended.job_id, ended.rank, now)
 
         def write(session: Session) -> None:
             exits.clear()  # a batch retried one write at a time runs this again
             for ended in report.task_exits:
                 closed = record_task_exit(session, node_id=node_id, job_id=ended.job_id, rank=ended.rank,
                                           pid=ended.pid, exit_code=ended.exit_code, exit_signal=ended.signal,
-                                          exception=exceptions.get(ended.pid),
+                                          exception=exceptions.get(ended.pid), in_flight=flight.get(ended.pid, 0),
                                           observed_at=to_datetime(ended.observed_at))
                 if closed is not None:
                     exits.append(ClosedTask(closed[0].job_id, closed[0].rank, ended.pid, closed[1], closed[0].attempt))

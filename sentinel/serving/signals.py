@@ -169,6 +169,15 @@ class ServingView:
                 del replicas[name]
             return sorted(replicas.values(), key=lambda r: (r.stage, r.replica))
 
+    def in_flight(self, job_id: int, rank: int, now: float) -> int:
+        """The requests the job's replica on `rank` said it had in flight, in a report of the last window (0 when
+        it never said, or said it longer ago)."""
+        with self._lock:
+            for r in self._jobs.get(job_id, {}).values():
+                if r.rank == rank and r.last_seen >= now - self.window_seconds:
+                    return max(r.running or 0, 1 if r.oldest_inflight_seconds else 0)
+        return 0
+
     def totals(self, job_id: int) -> tuple[int, dict[str, int]]:
         """Requests finished and failed (by reason) since this server took the lead, across replicas."""
         with self._lock:

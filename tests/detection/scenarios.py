@@ -14,9 +14,11 @@ from sentinel.detection.detectors.checkpoint_stale import CheckpointStaleDetecto
 from sentinel.detection.detectors.hang import HungTask
 from sentinel.detection.detectors.hardware import HardwareEvents
 from sentinel.detection.detectors.heartbeat import HeartbeatLoss
+from sentinel.detection.detectors.kv_transfer import KvTransfer
 from sentinel.detection.detectors.lemon import LemonDetector
 from sentinel.detection.detectors.memory import MemoryDetector
 from sentinel.detection.detectors.mfu_drop import MfuDropDetector
+from sentinel.detection.detectors.queue_growth import QueueGrowth
 from sentinel.detection.detectors.serving_stall import ServingStall
 from sentinel.detection.detectors.slo_burn import SloBurn
 from sentinel.detection.detectors.straggler import StragglerDetector
@@ -479,6 +481,44 @@ def bad_completion(replicas: tuple[str, ...] = ("d1",), bad_at: float = 60.0, se
             bad = name != "d0" and t >= bad_at and (fixed_at is None or t < fixed_at)
             probed = round(t) % round(every) == 0
             world.serve("node-s", 9, rank, name, running=2, canary=(canary if bad else "ok") if probed else None)
+
+    return world, detector, run(world, detector, seconds, tick)
+
+
+def kv_transfer(replicas: tuple[str, ...] = ("d1",), slow_at: float = 900.0, seconds: float = 1200.0,
+                fixed_at: float | None = None, share: float = 0.31, failures: int = 0) -> Outcome:
+    """A disaggregated serving job's decode replicas report every 10 s, a KV transfer taking 0.8% of each
+    request's 100 ms first token; from `slow_at` that of `replicas` takes `share` (and `failures` fail per
+    interval), until `fixed_at`. Replica d0 stays healthy throughout."""
+    world = World()
+    world.add_node("node-s", accelerators=len(replicas) + 1)
+    detector = KvTransfer(world.settings)
+    names = ("d0", *replicas)
+
+    def tick(t: float) -> None:
+        for rank, name in enumerate(names):
+            bad = name != "d0" and t >= slow_at and (fixed_at is None or t < fixed_at)
+            world.serve("node-s", 9, rank, name, running=2, kv_seconds=0.1 * (share if bad and not failures
+                                                                               else 0.008),
+                        kv_failures=failures if bad else 0)
+
+    return world, detector, run(world, detector, seconds, tick)
+
+
+def queue_growth(replicas: tuple[str, ...] = ("d1",), grow_at: float = 60.0, seconds: float = 240.0,
+                 fixed_at: float | None = None, per_report: int = 5) -> Outcome:
+    """A serving job's decode replicas report every 10 s with 2 requests waiting; from `grow_at` the queue of
+    `replicas` grows by `per_report` each report, until `fixed_at`, when it drains back to 2."""
+    world = World()
+    world.add_node("node-s", accelerators=len(replicas) + 1)
+    detector = QueueGrowth(world.settings)
+    names = ("d0", *replicas)
+
+    def tick(t: float) -> None:
+        for rank, name in enumerate(names):
+            bad = name != "d0" and t >= grow_at and (fixed_at is None or t < fixed_at)
+            waiting = 2 + per_report * round((t - grow_at) / 10 + 1) if bad else 2
+            world.serve("node-s", 9, rank, name, running=32, waiting=waiting)
 
     return world, detector, run(world, detector, seconds, tick)
 

@@ -68,10 +68,12 @@ class World:
         return uuids
 
     def serve(self, node: str, job_id: int, rank: int, replica: str, *, frozen: bool = False,
-              running: int = 4, failed: int = 0, reason: str = "error", canary: str | None = None) -> None:
+              running: int = 4, failed: int = 0, reason: str = "error", canary: str | None = None,
+              kv_seconds: float | None = None, kv_failures: int = 0, waiting: int | None = None) -> None:
         """One agent interval of a decode replica: 20 requests with 30 ms between tokens, or, frozen, its
         requests in flight and no token since it froze (a decode stuck mid-stream). `failed` of them end as
-        `reason`; `canary`: the agent's canary finished this interval, "ok" or how it failed."""
+        `reason`; `canary`: the agent's canary finished this interval, "ok" or how it failed. With `kv_seconds`
+        each request's first token (100 ms) includes a KV transfer that long (8 MiB); `kv_failures` failed."""
         key = (job_id, replica)
         if frozen:
             self._frozen_since.setdefault(key, self.now)
@@ -80,13 +82,16 @@ class World:
             self._last_token[key] = self.now
         since = self._frozen_since.get(key)
         self.serving.add(node, job_id, rank, ServingStats(
-            replica=replica, stage="decode", requests=0 if frozen else 20, running=running,
+            replica=replica, stage="decode", requests=0 if frozen else 20, running=running, waiting=waiting,
             failed={reason: failed} if failed else {},  # type: ignore[dict-item]
             canary=None if canary is None else CanaryResult(
                 at=self.now - 0.5, ok=canary == "ok", reason=None if canary == "ok" else canary,  # type: ignore[arg-type]
                 status=None if canary == "error" else 200, tokens=8 if canary == "ok" else 0, seconds=0.3,
                 detail="finish_reason length" if canary == "ok" else f"canary {canary}"),
-            histograms={} if frozen else {"itl": {bucket(0.03): 380}},
+            histograms={} if frozen else {"itl": {bucket(0.03): 380}, **({} if kv_seconds is None else {
+                "ttft": {bucket(0.1): 20}, "kv_transfer": {bucket(kv_seconds): 20}})},
+            sums={} if frozen or kv_seconds is None else {"ttft": 2.0, "kv_transfer": 20 * kv_seconds},
+            kv_transfer_bytes=0 if frozen or kv_seconds is None else 20 * 8 * 2**20, kv_transfer_failures=kv_failures,
             last_token_at=self._last_token.get(key), oldest_inflight_seconds=None if running == 0 else
             0.4 if since is None else self.now - since + 0.4), self.now)
 

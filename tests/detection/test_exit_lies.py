@@ -7,6 +7,9 @@ server app on SQLite and PostgreSQL; the peers-waiting rule on the real live vie
 
 from __future__ import annotations
 
+import http.client
+import json
+import os
 import subprocess
 import sys
 from typing import Any
@@ -22,6 +25,7 @@ from sentinel.telemetry.schemas import SdkBatch
 from tests.conftest import FakeClock, bearer
 from tests.detection.streams import World
 from tests.factories import registration, report
+from tests.live import wait_for
 from tests.sdk.test_telemetry import RecordingAgent
 
 TRAIN = """
@@ -229,3 +233,66 @@ def test_no_failure_when_the_job_ended_normally_the_peers_step_on_or_sentinel_re
     assert [f.title for _, f in fired if "exited 0" in f.title] == []
     if case != "restarting":
         assert fired == []
+
+
+# -- a serving engine that exits 0 with requests in flight (vLLM #48966) -------------------------------------------
+
+def test_an_engine_that_exits_0_with_requests_in_flight_failed_end_to_end(client, placed, admin_token, agent, tmp_path,
+                                                                         clock: FakeClock):
+    """The project's own serving engine (sentinel/demo/engine.py), a real process with the real SDK, streams 3
+    requests and exits 0 mid-answer; its last batch came a report before the exit, as after an os._exit."""
+    agent_auth, launcher = placed
+    fault = tmp_path / "fault"
+    engine = subprocess.Popen([sys.executable, "-m", "sentinel.demo.engine", "--port", "0", "--fault-file", str(fault)],
+                              env={**os.environ, "SENTINEL_AGENT_URL": agent.url, "SENTINEL_JOB_ID": "1", "RANK": "0"},
+                              stdout=subprocess.PIPE, text=True)
+    try:
+        port = int(engine.stdout.readline().split("http://127.0.0.1:")[1].split()[0])  # type: ignore[union-attr]
+        streams = [http.client.HTTPConnection("127.0.0.1", port, timeout=30) for _ in range(3)]
+        for conn in streams:
+            conn.request("POST", "/v1/completions", body=json.dumps({"prompt": "hi", "max_tokens": 100000,
+                                                                     "stream": True}))
+            conn.getresponse().readline()  # the first token is out: the request is in flight
+        wait_for(lambda: any((b.get("serving") or {}).get("running") == 3 for b in agent.batches), timeout=10,
+                 what="a batch saying 3 requests in flight")
+        fault.write_text("exit0")
+        assert engine.wait(timeout=10) == 0, "the engine exits 0, as vLLM's front end does when its core died"
+    finally:
+        engine.kill()
+        engine.wait()
+    relay = TaskRelay()
+    for batch in agent.batches:
+        relay.add(SdkBatch.model_validate(batch))
+    pid = agent.batches[0]["pid"]
+    job_id = int(client.post("/api/v1/jobs", json={"name": "chat", "world_size": 1, "kind": "serving"},
+                             headers=launcher).json()["id"])
+    assert client.post(f"/api/v1/jobs/{job_id}/tasks", json={
+        "rank": 0, "node": "node-a", "accelerators": ["SIM-node-a-0"], "pid": pid}, headers=launcher).status_code == 201
+    body = report(seq=1, accelerators=0, interval=10.0)
+    body["tasks"] = [t.model_dump(mode="json") for t in relay.drain()]
+    post(client, agent_auth, body)
+    clock.advance(10.0)
+    body = report(seq=2, accelerators=0, interval=10.0)
+    body["task_exits"] = [{"job_id": job_id, "rank": 0, "pid": pid, "exit_code": 0, "observed_at": clock.time()}]
+    post(client, agent_auth, body)
+
+    admin = bearer(admin_token)
+    [task] = client.get(f"/api/v1/jobs/{job_id}", headers=admin).json()["tasks"]
+    assert (task["state"], task["exit_code"], task["failure_reason"]) == ("failed", 0, "exit:0+in_flight")
+    [incident] = client.get("/api/v1/incidents", params={"detector": "task_exit"}, headers=admin).json()["incidents"]
+    assert "exited with code 0 with 3 request(s) in flight: counted as a failure" in incident["title"]
+    assert "vLLM #48966" in incident["seen"]
+
+
+def test_a_serving_task_that_exits_0_with_nothing_in_flight_ended_well(client, placed, admin_token, clock: FakeClock):
+    agent_auth, launcher = placed
+    job_id = place(client, launcher, [1000])
+    body = report(seq=1, accelerators=0, interval=10.0)
+    body["tasks"] = [{"job_id": job_id, "rank": 0, "pid": 1000, "serving": {"replica": "r0", "requests": 20,
+                                                                            "running": 0}}]
+    post(client, agent_auth, body)
+    body = report(seq=2, accelerators=0, interval=10.0)
+    body["task_exits"] = [{"job_id": job_id, "rank": 0, "pid": 1000, "exit_code": 0, "observed_at": clock.time()}]
+    post(client, agent_auth, body)
+    [task] = client.get(f"/api/v1/jobs/{job_id}", headers=bearer(admin_token)).json()["tasks"]
+    assert (task["state"], task["failure_reason"]) == ("exited", "")

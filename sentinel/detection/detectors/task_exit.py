@@ -1,7 +1,7 @@
-"""Task exits with a non-zero code or a signal, or exit 0 right after an error the SDK saw (an exit that lies:
-SkyPilot #4421), handled as they arrive. One incident per job: when a collective breaks, every rank exits within
-a second, and that is one failure, not world-size pages. Exit 0 while the peers still wait is judged later, by
-the hang detector."""
+"""Task exits with a non-zero code or a signal, or exit 0 right after an error the SDK saw (SkyPilot #4421) or
+with serving requests in flight (vLLM #48966): exits that lie. Handled as they arrive. One incident per job:
+when a collective breaks, every rank exits within a second, and that is one failure, not world-size pages.
+Exit 0 while the peers still wait is judged later, by the hang detector."""
 
 from __future__ import annotations
 
@@ -37,15 +37,18 @@ class TaskExit(Detector):
             ended = by_pid.get(closed.pid)
             observed = ended.observed_at if ended else ctx.clock.time()
             failure = exceptions.get(closed.pid)
+            in_flight = 0
+            if closed.failure_reason == "exit:0+in_flight":
+                in_flight = max(1, ctx.serving.in_flight(closed.job_id, closed.rank, observed) if ctx.serving else 1)
             _, sentence = describe_exit(ended.exit_code if ended else None, ended.signal if ended else None,
-                                        failure.type if failure else None)
+                                        failure.type if failure else None, in_flight)
             recent = [f for f in ctx.history.recent(observed, window_seconds=CORRELATE_SECONDS, node=live.name)
                       if f.severity != "info"]
             stats = ctx.jobs.job(closed.job_id)
             total_failures = sum(stats.failures.values())
             peers = sorted(r for r in stats.ranks if r != closed.rank)
             nodes = ", ".join(sorted({r.node for r in stats.ranks.values() if r.node})) or "unknown nodes"
-            layer, cause = _cause(ctx, recent, ended, failure, observed)
+            layer, cause = _cause(ctx, recent, ended, failure, observed, in_flight)
             findings.append(Finding(
                 detector=self.name, key=f"job={closed.job_id}", severity="warning",
                 title=f"job {closed.job_id} rank {closed.rank} {sentence} on {live.name}", layer=layer,
@@ -82,9 +85,10 @@ class TaskExit(Detector):
 
 
 def _cause(ctx: DetectionContext, recent: list[Fault], ended: schemas.TaskExit | None, failure: TaskFailure | None,
-           observed: float) -> tuple[str, str]:
+           observed: float, in_flight: int = 0) -> tuple[str, str]:
     """(layer, the likely cause in a sentence): a hardware fault just before, the job's own application XID,
-    the OOM killer, an exception the SDK saw (an exit 0 after one lies), or nothing known."""
+    the OOM killer, an exception the SDK saw (an exit 0 after one lies), requests dropped by an exit 0, or
+    nothing known."""
     faults = [f for f in recent if not is_application(ctx, f.kind, f.xid)]
     application = [f for f in recent if is_application(ctx, f.kind, f.xid)]
     if faults:
@@ -102,4 +106,8 @@ def _cause(ctx: DetectionContext, recent: list[Fault], ended: schemas.TaskExit |
                             "without a good step after it: an exit that lies, counted as a failure.")
     if failure is not None:
         return "software", f"The SDK saw an uncaught {failure.type}: {failure.message[:300]}"
+    if in_flight:
+        return "software", ("A serving process does not exit 0 with requests in flight unless it died: an engine "
+                            "core that crashed and took its front end down cleanly (vLLM #48966). Its requests "
+                            "were dropped; counted as a failure.")
     return "software", "No hardware fault was reported on the node around that time."
