@@ -156,8 +156,17 @@ def cmd_launch(args: argparse.Namespace) -> int:
     argv = list(args.cmd)
     if argv and argv[0] == "--":
         argv = argv[1:]
+    executor: Any = None
+    if args.serve:  # a serving job behind the router (sentinel/launcher/replicas.py)
+        from functools import partial
+
+        from sentinel.launcher.replicas import ServingProcesses
+        from sentinel.serving.router import Router
+
+        host, _, port = args.serve.rpartition(":")
+        executor = partial(ServingProcesses, router=Router(host or "127.0.0.1", int(port), limit=args.batch_limit))
     launcher = Launcher(_client(args), name=args.job, nproc=args.nproc, argv=argv, kind=args.kind,
-                        nodes=args.node or [], warm=not args.cold, preload=args.preload)
+                        nodes=args.node or [], warm=not args.cold, preload=args.preload, executor=executor)
     return launcher.run()
 
 
@@ -258,6 +267,8 @@ def _launch_parser(sub: Any) -> None:
     p.add_argument("--cold", action="store_true", help="no warm standbys: every restart starts fresh processes")
     p.add_argument("--preload", action="append",
                    help="module standbys import ahead; repeat (default: torch, torch.distributed, DDP, torch._dynamo)")
+    p.add_argument("--serve", metavar="HOST:PORT", help="serving: each rank a replica, behind a router here")
+    p.add_argument("--batch-limit", type=int, help="serving: requests admitted per replica at once (default: any)")
     p.add_argument("cmd", nargs=argparse.REMAINDER, help="the command of one rank, after --")
     p.set_defaults(fn=cmd_launch)
 

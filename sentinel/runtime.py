@@ -49,6 +49,7 @@ from sentinel.policy.scheduled import FLUSH_SECONDS, PRUNE_SECONDS, flush_decisi
 from sentinel.policy.wiring import LivePolicies, build_policies
 from sentinel.remediation.engine import RemediationEngine
 from sentinel.scheduler import Periodic
+from sentinel.serving.batching import BatchingController
 
 log = logging.getLogger("sentinel.server")
 
@@ -75,6 +76,7 @@ class Runtime:
     elector: Elector | None = None
     led: bool = False  # lead() finished: the in-memory view is loaded and the loops run
     on_lost_lead: Callable[[], None] = field(default=lambda: None)
+    batching: BatchingController | None = None  # serving jobs' batch limits (sentinel/serving/batching.py)
 
     @classmethod
     def build(cls, settings: Settings, clock: Clock | None = None) -> Runtime:
@@ -112,6 +114,8 @@ class Runtime:
                       detection=detection, dispatcher=dispatcher, remediation=remediation, policies=policies,
                       diagnosis=diagnosis, plugin_errors=errors)
         runtime.on_lost_lead = runtime._exit_on_lost_lead
+        if settings.batching_interval_seconds > 0:
+            runtime.batching = BatchingController(live.serving, remediation.adjust, dry_run=settings.batching_dry_run)
         return runtime
 
     # the live layer's parts, by the names the rest of the server (and its tests) use
@@ -223,7 +227,12 @@ class Runtime:
             Periodic("policy_decisions", FLUSH_SECONDS, lambda: flush_decisions(self.factory, self.policies.pending)),
             Periodic("policy_decision_prune", PRUNE_SECONDS,
                      lambda: prune_decisions(self.factory, self.clock_now(), s.policy_decision_retention_days)),
+            *([Periodic("batching", s.batching_interval_seconds, self.adjust_batching)] if self.batching else []),
         ]
+
+    def adjust_batching(self) -> None:
+        if self.batching is not None:
+            self.batching.tick(self.clock.time())
 
     def check_liveness(self) -> None:
         """Mark silent nodes down; when some went down, judge heartbeat loss now rather than at the next round."""

@@ -2,13 +2,15 @@
 `python -m sentinel.demo.engine --port P` (or SENTINEL_REPLICA_PORT).
 
 It serves what the canary and a router need of an OpenAI-compatible engine, `GET /v1/models` and `POST
-/v1/completions` (streamed as server-sent events, or whole), with continuous batching: a scheduler admits up to
+/v1/completions` (streamed as server-sent events, or whole), and `POST /sentinel/batch_limit {"limit": N}` (the
+batching controller's limit, applied by the launcher), with continuous batching: a scheduler admits up to
 `--max-batch` requests and runs decode steps of `--step-seconds` plus `--per-request-seconds` per request in
 the batch, each giving every running request one token (the first step of a request also pays its prefill,
 `--prefill-seconds-per-token`). So latency grows with load as a real engine's does, on two CPU cores. Every
 request is timed by the SDK (`Telemetry.serving`), so the agent relays TTFT, ITL, queue time and the gauges.
 
-Faults come from a file (`--fault-file`, re-read each step), one word: `empty` (200 and no token, the failed
+Faults come from a file (`--fault-file`, re-read each step; `{replica}` in its path is the replica's name, so
+one replica can be broken alone), one word: `empty` (200 and no token, the failed
 decode of vllm-ascend #13165), `freeze` (the scheduler stops: streams hang mid-answer, Dynamo #13675),
 `truncate` (a stream closes after its first token without `[DONE]`), `exit0` (the process exits 0 with requests
 in flight, vLLM #48966), `crash` (exits 1). Nothing else, and no fault file, is healthy.
@@ -141,6 +143,19 @@ class Handler(BaseHTTPRequestHandler):
             self._json(404, {"error": f"no {self.path}"})
 
     def do_POST(self) -> None:
+        if self.path == "/sentinel/batch_limit":  # the batching controller's adjust order, through the launcher
+            try:
+                limit = int(json.loads(self.rfile.read(int(self.headers.get("content-length") or 0)))["limit"])
+            except (ValueError, KeyError, TypeError) as exc:
+                self._json(400, {"error": f"expected {{\"limit\": N}}: {exc}"})
+                return
+            if not 1 <= limit <= 4096:
+                self._json(400, {"error": "limit must be 1..4096"})
+                return
+            with self.engine.wake:
+                self.engine.max_batch = limit
+            self._json(200, {"limit": limit})
+            return
         if self.path != "/v1/completions":
             self._json(404, {"error": f"no {self.path}"})
             return
@@ -225,15 +240,16 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--stage", default=os.environ.get("SENTINEL_STAGE", "mixed"))
     p.add_argument("--no-telemetry", action="store_true", help="no SDK (no Sentinel agent to report to)")
     args = p.parse_args(argv)
+    replica = args.replica or f"r{os.environ.get('RANK', '0')}"
     requests = None
     if not args.no_telemetry:
         import sentinel.sdk
 
-        replica = args.replica or f"r{os.environ.get('RANK', '0')}"
         requests = sentinel.sdk.init().serving(replica=replica, stage=args.stage)
+    fault_file = args.fault_file.replace("{replica}", replica) if args.fault_file else None
     engine = Engine(max_batch=args.max_batch, step_seconds=args.step_seconds,
                     per_request_seconds=args.per_request_seconds,
-                    prefill_seconds_per_token=args.prefill_seconds_per_token, fault_file=args.fault_file,
+                    prefill_seconds_per_token=args.prefill_seconds_per_token, fault_file=fault_file,
                     requests=requests)
     httpd = serve(engine, args.host, args.port)
     print(f"engine serving on http://{args.host}:{httpd.server_address[1]} (max batch {args.max_batch})", flush=True)

@@ -21,6 +21,7 @@ import socket
 import sys
 import threading
 import time
+from collections.abc import Callable
 from typing import Any, TextIO
 
 from sentinel.client import ApiError, SentinelClient
@@ -46,7 +47,8 @@ class Stopped(Exception):
 class Launcher:
     def __init__(self, client: SentinelClient, *, name: str, nproc: int, argv: list[str], kind: str = "training",
                  nodes: list[str] | None = None, warm: bool = True, preload: list[str] | None = None,
-                 poll_seconds: float = 25.0, out: TextIO = sys.stdout):
+                 poll_seconds: float = 25.0, out: TextIO = sys.stdout,
+                 executor: Callable[..., LocalProcesses] | None = None):
         if not argv:
             raise ValueError("nothing to launch: give the command after --")
         self.client = client
@@ -56,8 +58,9 @@ class Launcher:
         env = {"SENTINEL_SERVER": client.server}  # for the checkpoint catalog (sentinel.sdk.checkpoint)
         if client.token:
             env["SENTINEL_TOKEN"] = client.token
-        self.local = LocalProcesses(argv=argv, nproc=nproc, env=env, warm=warm, preload=preload,
-                                    on_started=self._register_tasks, out=out, on_exit=self._wake_up)
+        make = executor or LocalProcesses  # a serving job's: sentinel/launcher/replicas.py, from the command
+        self.local = make(argv=argv, nproc=nproc, env=env, warm=warm, preload=preload,
+                          on_started=self._register_tasks, out=out, on_exit=self._wake_up)
         self.local.label = name
         self._orders: list[dict[str, Any]] = []
         self._orders_lock = threading.Lock()
@@ -102,11 +105,14 @@ class Launcher:
                 self._stop.wait(1.0)
                 continue
             fresh = [o for o in orders if o["id"] not in seen and o["state"] == "pending"]
-            if fresh:
-                newest = max(fresh, key=lambda o: o["attempt"])
+            restarts = [o for o in fresh if o["kind"] != "adjust"]
+            adjusts = [o for o in fresh if o["kind"] == "adjust"]  # a batch limit: the newest counts
+            chosen = ([max(restarts, key=lambda o: o["attempt"])] if restarts else []) + (
+                [max(adjusts, key=lambda o: o["created_at"])] if adjusts else [])
+            if chosen:
                 seen.update(o["id"] for o in fresh)
                 with self._orders_lock:
-                    self._orders.append(newest)
+                    self._orders.extend(chosen)
                 self._wake.set()
 
     def carry_out(self, order: dict[str, Any]) -> None:
@@ -125,14 +131,16 @@ class Launcher:
 
         ack = threading.Thread(target=acknowledge, name="sentinel-launch-ack", daemon=True)
         ack.start()
-        self.say(f"order {order['id']}: {order['kind']} as attempt {order['attempt']} ({order['reason']})")
+        if order["kind"] != "adjust":
+            self.say(f"order {order['id']}: {order['kind']} as attempt {order['attempt']} ({order['reason']})")
         slots = order.get("placement") or [{}]
         action = Action("order", str(slots[0].get("node", "")), str(order.get("reason", "")),
                         jobs=(JobRef(self.job_id, self.name, self.kind),), incident_id=order.get("incident_id"),
                         order={**order, "job_id": self.job_id})
         result = self.local.execute(action)
-        self.restarts.append({"order": order["id"], "attempt": order["attempt"],
-                              "seconds": time.monotonic() - received})
+        if order["kind"] != "adjust":
+            self.restarts.append({"order": order["id"], "attempt": order["attempt"],
+                                  "seconds": time.monotonic() - received})
         detail = result.detail.removeprefix(f"order {order['id']}: ")  # the ack names the order already
         ack.join(RETRY_SECONDS + 30)
         if acked and acked[0] is not None:
@@ -164,7 +172,10 @@ class Launcher:
                 with self._orders_lock:
                     pending, self._orders = self._orders, []
                 if pending:
-                    self.carry_out(max(pending, key=lambda o: o["attempt"]))
+                    restarts = [o for o in pending if o["kind"] != "adjust"]
+                    for order in ([max(restarts, key=lambda o: o["attempt"])] if restarts else []) + [
+                            o for o in pending if o["kind"] == "adjust"]:
+                        self.carry_out(order)
                     continue
                 if all(c == 0 for c in self.local.exit_codes()):
                     self.say(f"every rank of attempt {self.attempt} finished")

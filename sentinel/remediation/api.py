@@ -23,7 +23,7 @@ from sentinel.nodes.service import agent_urls
 from sentinel.remediation import orders, service
 from sentinel.remediation.models import Order
 from sentinel.remediation.models import Remediation as RemediationRow
-from sentinel.remediation.placement import NoCapacity
+from sentinel.remediation.placement import NoCapacity, first_placement
 from sentinel.remediation.schemas import (
     BreakerOut,
     BreakerReset,
@@ -118,7 +118,7 @@ def place_job(job_id: IdPath, sessions: Sessions, remediation: Remediation, cloc
         except JobNotFound as exc:
             raise not_found(exc) from exc
         try:
-            placement = service.first_placement(
+            placement = first_placement(
                 session, remediation.placement, job, remediation.node_states(),
                 accelerators_per_rank=ask.accelerators_per_rank, avoid_nodes=frozenset(ask.avoid_nodes),
                 only_nodes=ask.nodes, now=to_datetime(clock.time()))

@@ -212,6 +212,21 @@ class RemediationEngine:
                 self.incidents.annotate(incident_id, line, severity="critical" if out.escalate else None)
         return out
 
+    def adjust(self, job_id: int, params: dict[str, Any], reason: str) -> str | None:
+        """An `adjust` order to a serving job's launcher (the batching controller's batch limit); its id, or None
+        for a job that is gone or finished."""
+        from sentinel.jobs.models import Job
+
+        with transaction(self._factory) as session:
+            job = session.get(Job, job_id)
+            if job is None or job.state in policy.FINISHED_JOB_STATES:
+                return None
+            order = orders.create_adjust(session, job=job, params=params, reason=reason, now=to_datetime(
+                self.clock.time()), ack_seconds=self.settings.order_ack_seconds)
+            ordered = Ordered(job.id, order.attempt, orders.order_dict(order), service.job_ref(job))
+        self._deliver(ordered, None)
+        return str(ordered.order["id"])
+
     def _deliver(self, ordered: Ordered, incident_id: int | None) -> None:
         """Every order goes through the executors that handle orders: the launcher's first. The order's own
         line is already on the timeline; delivery is logged (the launcher's ack adds its own line)."""

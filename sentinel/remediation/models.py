@@ -8,14 +8,15 @@ from sqlalchemy.orm import Mapped, mapped_column
 
 from sentinel.db import Base, UTCDateTime, utcnow
 
-ORDER_KINDS = ("restart", "replace_replica")
+ORDER_KINDS = ("restart", "replace_replica", "adjust")
 ORDER_STATES = ("pending", "acknowledged", "done", "failed", "superseded")
 REMEDIATION_RESULTS = ("done", "dry_run", "blocked", "skipped", "failed")
 
 
 class Order(Base):
-    """What a launcher must do for a job: restart it with this placement (a new attempt), or replace a
-    serving replica (drain, start the replacement, stop the old one). The id makes it idempotent."""
+    """What a launcher must do for a job: restart it with this placement (a new attempt), replace a serving
+    replica (drain, start the replacement, stop the old one), or adjust a serving job (`params`: its batch
+    limit; no new attempt). The id makes it idempotent."""
 
     __tablename__ = "orders"
 
@@ -24,6 +25,7 @@ class Order(Base):
     kind: Mapped[str] = mapped_column(String(32))
     attempt: Mapped[int] = mapped_column(Integer)  # the attempt this order starts
     placement: Mapped[list[dict[str, Any]]] = mapped_column(JSON, default=list)  # [{rank, node, accelerators}]
+    params: Mapped[dict[str, Any] | None] = mapped_column(JSON, nullable=True)  # adjust: {"batch_limit": N}
     reason: Mapped[str] = mapped_column(String(512), default="")
     incident_id: Mapped[int | None] = mapped_column(Integer, nullable=True, index=True)
     state: Mapped[str] = mapped_column(String(16), default="pending", index=True)

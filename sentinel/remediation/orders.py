@@ -35,7 +35,8 @@ def create_order(session: Session, *, job: Job, kind: str, placement: list[dict[
                  incident_id: int | None, now: datetime, ack_seconds: float) -> Order:
     """A new attempt for `job`; pending orders it makes obsolete are superseded (a launcher acts on the
     newest only)."""
-    for old in session.scalars(select(Order).where(Order.job_id == job.id, Order.state == "pending")):
+    for old in session.scalars(select(Order).where(Order.job_id == job.id, Order.state == "pending",
+                                                   Order.kind != "adjust")):  # a batch limit outlives a restart
         old.state, old.result = "superseded", "a newer order replaced it"
     order = Order(id=str(uuid.uuid4()), job_id=job.id, kind=kind, attempt=next_attempt(session, job.id),
                   placement=placement, reason=reason[:512], incident_id=incident_id, state="pending",
@@ -47,10 +48,26 @@ def create_order(session: Session, *, job: Job, kind: str, placement: list[dict[
     return order
 
 
+def create_adjust(session: Session, *, job: Job, params: dict[str, Any], reason: str, now: datetime,
+                  ack_seconds: float) -> Order:
+    """A change to a running serving job (its batch limit): no new attempt, the job stays as it is; a pending
+    adjust it makes obsolete is superseded."""
+    for old in session.scalars(select(Order).where(Order.job_id == job.id, Order.state == "pending",
+                                                   Order.kind == "adjust")):
+        old.state, old.result = "superseded", "a newer adjustment replaced it"
+    order = Order(id=str(uuid.uuid4()), job_id=job.id, kind="adjust", attempt=latest_attempt(session, job.id) or 0,
+                  placement=[], params=params, reason=reason[:512], incident_id=None, state="pending",
+                  created_at=now, deadline_at=now + timedelta(seconds=ack_seconds))
+    session.add(order)
+    session.flush()
+    return order
+
+
 def order_dict(order: Order) -> dict[str, Any]:
     """The order as its launcher gets it (webhook body, Action.order)."""
     return {"id": order.id, "job_id": order.job_id, "kind": order.kind, "attempt": order.attempt,
-            "placement": order.placement, "reason": order.reason, "incident_id": order.incident_id,
+            "placement": order.placement, "params": order.params, "reason": order.reason,
+            "incident_id": order.incident_id,
             "state": order.state, "created_at": order.created_at.isoformat(),
             "deadline_at": order.deadline_at.isoformat()}
 
@@ -66,6 +83,8 @@ def acknowledge(order: Order, *, status: str, detail: str, actor: str, now: date
     if ACK_RANK[status] <= ACK_RANK[order.state]:
         return False
     order.state = status
+    if order.kind == "adjust" and status in ("done", "failed"):
+        order.completed_at = now  # nothing to step again: applied is complete
     order.acknowledged_at = order.acknowledged_at or now
     order.acknowledged_by = order.acknowledged_by or actor
     order.result = detail or order.result

@@ -17,7 +17,7 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from sentinel.accelerators.models import Accelerator
-from sentinel.jobs.models import Task
+from sentinel.jobs.models import Job, Task
 from sentinel.nodes.models import Node
 
 
@@ -172,3 +172,16 @@ def load_policy(name: str) -> PlacementPolicy:
     if name not in POLICIES:
         raise ValueError(f"placement policy {name!r} is unknown; known: {', '.join(sorted(POLICIES))}")
     return POLICIES[name]()
+
+
+def first_placement(session: Session, placement: PlacementPolicy, job: Job, node_states: dict[str, str], *,
+                    accelerators_per_rank: int, avoid_nodes: frozenset[str], only_nodes: list[str], now: datetime
+                    ) -> dict[int, tuple[str, list[str]]]:
+    """A placement for every rank of a new job from the policy; `only_nodes` (when given) are the nodes it
+    may use, e.g. the launcher's own. NoCapacity when none fits."""
+    if only_nodes:
+        node_states = {name: (state if name in only_nodes else "elsewhere") for name, state in node_states.items()}
+    inventory = Inventory.load(session, job_id=job.id, node_states=node_states)
+    request = PlacementRequest(job.id, {r: [] for r in range(job.world_size)}, frozenset(range(job.world_size)),
+                               accelerators_per_rank, avoid_nodes)
+    return placement.prepare(session, now).place(request, inventory)

@@ -1,7 +1,7 @@
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -13,6 +13,7 @@ class PlacementSlot(BaseModel):
     node: str
     accelerators: list[str]
     agent_url: str | None = None  # where the rank's SDK reports: the agent on that node
+    replace: bool = False  # replace_replica: this replica is the one to replace (the others stay)
 
 
 class OrderOut(BaseModel):
@@ -20,9 +21,10 @@ class OrderOut(BaseModel):
 
     id: str
     job_id: int
-    kind: Literal["restart", "replace_replica"]
+    kind: Literal["restart", "replace_replica", "adjust"]
     attempt: int
     placement: list[PlacementSlot]
+    params: dict[str, Any] | None = None  # adjust: {"batch_limit": N}
     reason: str
     incident_id: int | None
     state: str

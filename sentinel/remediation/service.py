@@ -148,19 +148,6 @@ def release_accelerator(session: Session, uuid: str, *, reason: str, actor: str)
     return changed, latched
 
 
-def first_placement(session: Session, placement: PlacementPolicy, job: Job, node_states: dict[str, str], *,
-                    accelerators_per_rank: int, avoid_nodes: frozenset[str], only_nodes: list[str], now: datetime
-                    ) -> dict[int, tuple[str, list[str]]]:
-    """A placement for every rank of a new job from the policy; `only_nodes` (when given) are the nodes it
-    may use, e.g. the launcher's own. NoCapacity when none fits."""
-    if only_nodes:
-        node_states = {name: (state if name in only_nodes else "elsewhere") for name, state in node_states.items()}
-    inventory = Inventory.load(session, job_id=job.id, node_states=node_states)
-    request = PlacementRequest(job.id, {r: [] for r in range(job.world_size)}, frozenset(range(job.world_size)),
-                               accelerators_per_rank, avoid_nodes)
-    return placement.prepare(session, now).place(request, inventory)
-
-
 # -- take out: quarantine accelerators, drain a node, move the jobs on them --------------------------------
 
 @dataclass
@@ -302,7 +289,10 @@ def restart_in_place(session: Session, ctx: Context, incident_id: int, job_id: i
         record(session, ctx, incident_id, "restart_job", f"job/{job_id}", "dry_run", "")
         out.lines.append(f"dry run: would restart job {job_id} as attempt {latest + 1}")
         return out
-    move_job(session, ctx, job, set(), incident_id, out)
+    # a serving replica is replaced alone: the incident's rank is the one to drain and replace, in place
+    rank = session.scalar(select(Incident.rank).where(Incident.id == incident_id)) \
+        if job.kind in policy.SERVING_KINDS else None
+    move_job(session, ctx, job, set(), incident_id, out, also=frozenset() if rank is None else frozenset({rank}))
     return out
 
 
@@ -321,6 +311,7 @@ def jobs_on(session: Session, uuids: set[str]) -> list[Job]:
 def already_moving(session: Session, job_id: int, bad: set[str]) -> bool:
     """An order in flight (not yet stepping) already takes the job off `bad`: a repeat changes nothing."""
     for order in session.scalars(select(Order).where(Order.job_id == job_id, Order.completed_at.is_(None),
+                                                     Order.kind != "adjust",
                                                      Order.state.in_(("pending", "acknowledged", "done")))):
         if not any(set(slot.get("accelerators", [])) & bad for slot in order.placement):
             return True
@@ -332,8 +323,9 @@ def job_ref(job: Job) -> JobRef:
 
 
 def move_job(session: Session, ctx: Context, job: Job, bad: set[str], incident_id: int | None,
-             out: Outcome) -> None:
-    """Order `job` restarted (a new attempt), its ranks on `bad` or on unusable hardware re-placed."""
+             out: Outcome, also: frozenset[int] = frozenset()) -> None:
+    """Order `job` restarted (a new attempt), its ranks on `bad` or on unusable hardware re-placed; `also`: ranks
+    of a serving job to replace where they are."""
     if _storm_stops(session, ctx, job, incident_id, out):
         return
     latest = latest_attempt(session, job.id)
@@ -351,7 +343,7 @@ def move_job(session: Session, ctx: Context, job: Job, bad: set[str], incident_i
         out.lines.extend(placer.explanation())
         out.escalate = True
         return
-    _order(session, ctx, job, placement, replace, incident_id, out)
+    _order(session, ctx, job, placement, replace | also, incident_id, out)
     out.lines.extend(placer.explanation())  # why these nodes (a learned policy, a shadow beside the active one)
 
 
@@ -377,8 +369,10 @@ def _storm_stops(session: Session, ctx: Context, job: Job, incident_id: int | No
 
 def _order(session: Session, ctx: Context, job: Job, placement: dict[int, tuple[str, list[str]]],
            replace: frozenset[int], incident_id: int | None, out: Outcome) -> None:
-    rows = [{"rank": r, "node": n, "accelerators": u} for r, (n, u) in sorted(placement.items())]
     kind = policy.order_kind(job.kind)
+    rows = [{"rank": r, "node": n, "accelerators": u, **({"replace": True} if kind == "replace_replica"
+                                                          and r in replace else {})}
+            for r, (n, u) in sorted(placement.items())]  # a replica marked `replace` is replaced; the others stay
     order = create_order(session, job=job, kind=kind, placement=rows, incident_id=incident_id, now=ctx.now,
                          ack_seconds=ctx.settings.order_ack_seconds,
                          reason=f"incident #{incident_id}" if incident_id else "manual quarantine")

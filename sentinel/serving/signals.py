@@ -189,14 +189,16 @@ class ServingView:
         with self._lock:
             self._jobs.get(job_id, {}).pop(replica, None)
 
-    def window(self, job_id: int, replica: str | None, now: float) -> ServingStats:
-        """The sums over the window of one replica, or of them all (a fresh object: the caller may keep it)."""
+    def window(self, job_id: int, replica: str | None, now: float, seconds: float | None = None) -> ServingStats:
+        """The sums over the window (or the last `seconds` of it) of one replica, or of them all (a fresh object:
+        the caller may keep it)."""
         out = ServingStats()
+        since = now - min(seconds or self.window_seconds, self.window_seconds)
         with self._lock:
             for r in self._jobs.get(job_id, {}).values():
                 if replica is None or r.replica == replica:
                     for at, stats in r.intervals:
-                        if at >= now - self.window_seconds:
+                        if at >= since:
                             add_stats(out, stats)
         return out
 

@@ -1,0 +1,308 @@
+"""The serving router: one address in front of a job's replicas, so a replica can be drained, replaced and cut
+over without its clients noticing, and every request in flight at a fault is accounted for.
+
+`sentinel launch --serve HOST:PORT` runs it in the launcher (sentinel/launcher/replicas.py adds and drains the
+replicas). It forwards `/v1/*` to the ready replica with the fewest requests in flight, up to `limit` each
+(the batching controller's admission limit; excess requests wait, at most `queue_seconds`). What happens to a
+request whose replica fails:
+- nothing sent to the client yet (refused, reset, HTTP 5xx such as vLLM's EngineDeadError, or a whole answer
+  not yet complete): sent again to another replica, counted `retried`;
+- a stream that broke mid-answer, for a completion with a text prompt: resumed on another replica with the
+  prompt and the text so far, `max_tokens` less what came (`resumed`); the client sees one stream;
+- otherwise it fails (`failed`), and the client sees its stream end without `[DONE]`.
+"""
+
+from __future__ import annotations
+
+import http.client
+import json
+import logging
+import threading
+import time
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+log = logging.getLogger("sentinel.serving.router")
+
+HOP = frozenset({"connection", "keep-alive", "transfer-encoding", "content-length", "te", "trailer", "upgrade"})
+MAX_BODY_BYTES = 4 << 20
+
+
+@dataclass
+class Backend:
+    name: str
+    host: str
+    port: int
+    ready: bool = False
+    draining: bool = False
+    in_flight: int = 0
+    served: int = 0
+    failed: int = 0  # requests that failed here, whatever became of them next (retried, resumed or failed)
+    added_at: float = field(default_factory=time.monotonic)
+
+
+class Broken(Exception):
+    """The replica failed a request; `sent` says whether the client has had bytes of the answer."""
+
+    def __init__(self, why: str, sent: bool):
+        super().__init__(why)
+        self.sent = sent
+
+
+class Router:
+    def __init__(self, host: str = "127.0.0.1", port: int = 0, *, limit: int | None = None,
+                 queue_seconds: float = 30.0, attempts: int = 3, connect_seconds: float = 2.0,
+                 read_seconds: float = 30.0) -> None:
+        self.limit = limit
+        self.queue_seconds, self.attempts = queue_seconds, attempts
+        self.connect_seconds, self.read_seconds = connect_seconds, read_seconds
+        self.backends: dict[str, Backend] = {}
+        self.counts = {"requests": 0, "ok": 0, "retried": 0, "resumed": 0, "failed": 0, "rejected": 0,
+                       "cancelled": 0}
+        self.cond = threading.Condition()
+        handler = type("RouterHandler", (_Handler,), {"router": self})
+        self.httpd = ThreadingHTTPServer((host, port), handler)
+        self.httpd.daemon_threads = True
+        self.address = f"http://{host}:{self.httpd.server_address[1]}"
+        threading.Thread(target=self.httpd.serve_forever, name="sentinel-router", daemon=True).start()
+
+    def close(self) -> None:
+        self.httpd.shutdown()
+        self.httpd.server_close()
+
+    # -- the replicas ---------------------------------------------------------------------------------
+    def add(self, name: str, port: int, host: str = "127.0.0.1") -> Backend:
+        """A replica, routed to once `wait_ready` has seen it answer."""
+        with self.cond:
+            backend = self.backends[name] = Backend(name, host, port)
+            return backend
+
+    def wait_ready(self, backend: Backend, timeout: float, alive: Any = lambda: True) -> bool:
+        """Poll the replica's `GET /v1/models` until it answers 200 (or `alive()` says its process is gone)."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline and alive():
+            conn = http.client.HTTPConnection(backend.host, backend.port, timeout=1.0)
+            try:
+                conn.request("GET", "/v1/models")
+                if conn.getresponse().status == 200:
+                    with self.cond:
+                        backend.ready = True
+                        self.cond.notify_all()
+                    return True
+            except (OSError, http.client.HTTPException):
+                pass
+            finally:
+                conn.close()
+            time.sleep(0.05)
+        return False
+
+    def drain(self, name: str) -> Backend | None:
+        """Route nothing new to `name`; its requests in flight go on."""
+        with self.cond:
+            backend = self.backends.get(name)
+            if backend is not None:
+                backend.draining = True
+            return backend
+
+    def wait_drained(self, backend: Backend, timeout: float) -> bool:
+        deadline = time.monotonic() + timeout
+        with self.cond:
+            while backend.in_flight and time.monotonic() < deadline:
+                self.cond.wait(min(0.1, max(0.0, deadline - time.monotonic())))
+            return backend.in_flight == 0
+
+    def remove(self, backend: Backend) -> None:
+        with self.cond:
+            if self.backends.get(backend.name) is backend:
+                del self.backends[backend.name]
+
+    def set_limit(self, limit: int | None) -> None:
+        with self.cond:
+            self.limit = limit
+            self.cond.notify_all()
+
+    def snapshot(self) -> dict[str, Any]:
+        with self.cond:
+            return {"counts": dict(self.counts), "limit": self.limit, "replicas": {
+                b.name: {"ready": b.ready, "draining": b.draining, "in_flight": b.in_flight, "served": b.served,
+                         "failed": b.failed, "port": b.port} for b in self.backends.values()}}
+
+    # -- routing --------------------------------------------------------------------------------------
+    def acquire(self, avoid: set[str]) -> Backend | None:
+        """The ready replica with the fewest in flight and room under the limit; waits for one."""
+        deadline = time.monotonic() + self.queue_seconds
+        with self.cond:
+            while True:
+                usable = [b for b in self.backends.values() if b.ready and not b.draining]
+                fresh = [b for b in usable if b.name not in avoid] or usable
+                room = [b for b in fresh if self.limit is None or b.in_flight < self.limit]
+                if room:
+                    chosen = min(room, key=lambda b: (b.in_flight, b.added_at))
+                    chosen.in_flight += 1
+                    return chosen
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return None
+                self.cond.wait(min(left, 0.5))
+
+    def release(self, backend: Backend, ok: bool) -> None:
+        with self.cond:
+            backend.in_flight -= 1
+            if ok:
+                backend.served += 1
+            else:
+                backend.failed += 1
+            self.cond.notify_all()
+
+    def count(self, what: str) -> None:
+        with self.cond:
+            self.counts[what] += 1
+
+
+class _Handler(BaseHTTPRequestHandler):
+    router: Router
+    protocol_version = "HTTP/1.1"
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+    def _answer(self, status: int, body: dict[str, Any]) -> None:
+        data = json.dumps(body).encode()
+        self.send_response(status)
+        self.send_header("content-type", "application/json")
+        self.send_header("content-length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def do_GET(self) -> None:
+        if self.path == "/sentinel/router":
+            self._answer(200, self.router.snapshot())
+        else:
+            self._forward(b"")
+
+    def do_POST(self) -> None:
+        size = int(self.headers.get("content-length") or 0)
+        if size > MAX_BODY_BYTES:
+            self._answer(413, {"error": f"request body over {MAX_BODY_BYTES} bytes"})
+            return
+        self._forward(self.rfile.read(size))
+
+    def _forward(self, body: bytes) -> None:
+        router = self.router
+        router.count("requests")
+        try:
+            request = json.loads(body) if body else {}
+        except ValueError:
+            request = {}
+        streamed = bool(isinstance(request, dict) and request.get("stream"))
+        state = {"sent_headers": False, "text": "", "tokens": 0}
+        avoid: set[str] = set()
+        for attempt in range(router.attempts):
+            backend = router.acquire(avoid)
+            if backend is None:
+                router.count("rejected")
+                if not state["sent_headers"]:
+                    self._answer(503, {"error": "no replica ready within the queue time"})
+                return
+            avoid.add(backend.name)
+            try:
+                payload = body if attempt == 0 or not state["tokens"] else self._resume(request, state)
+                self._one(backend, payload, streamed, state)
+                router.count("ok")
+                router.release(backend, ok=True)
+                return
+            except OSError:  # writing to the client failed (a replica's errors come as Broken): it left
+                router.count("cancelled")
+                router.release(backend, ok=True)
+                self.close_connection = True
+                return
+            except Broken as broken:
+                log.warning("request failed on a replica: replica=%s path=%s sent=%s error=%s", backend.name,
+                            self.path, broken.sent, broken)
+                resumable = streamed and self.path == "/v1/completions" and isinstance(request.get("prompt"), str)
+                last = (broken.sent and not resumable) or attempt == router.attempts - 1
+                router.count("failed" if last else "resumed" if broken.sent else "retried")  # counted, then released:
+                router.release(backend, ok=False)  # a drain that waits on it sees the count
+                if last:
+                    break
+        if not state["sent_headers"]:
+            self._answer(502, {"error": "every replica tried failed this request"})
+        self.close_connection = True
+
+    @staticmethod
+    def _resume(request: dict[str, Any], state: dict[str, Any]) -> bytes:
+        again = dict(request)
+        again["prompt"] = str(request.get("prompt", "")) + state["text"]
+        again["max_tokens"] = max(1, int(request.get("max_tokens", 16)) - state["tokens"])
+        return json.dumps(again).encode()
+
+    def _one(self, backend: Backend, payload: bytes, streamed: bool, state: dict[str, Any]) -> None:
+        router = self.router
+        conn = http.client.HTTPConnection(backend.host, backend.port, timeout=router.connect_seconds)
+        try:
+            try:
+                conn.request(self.command, self.path, body=payload or None,
+                             headers={"content-type": self.headers.get("content-type", "application/json")})
+                if conn.sock is not None:
+                    conn.sock.settimeout(router.read_seconds)
+                response = conn.getresponse()
+            except (OSError, http.client.HTTPException) as exc:
+                raise Broken(f"{type(exc).__name__}: {exc}", state["sent_headers"]) from exc
+            if response.status >= 500:
+                raise Broken(f"HTTP {response.status}: {response.read(200)!r}", state["sent_headers"])
+            if not streamed:
+                try:
+                    data = response.read()
+                except (OSError, http.client.HTTPException) as exc:
+                    raise Broken(f"answer cut: {exc}", False) from exc
+                self.send_response(response.status)
+                for k, v in response.getheaders():
+                    if k.lower() not in HOP:
+                        self.send_header(k, v)
+                self.send_header("content-length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+                return
+            self._relay(response, state)
+        finally:
+            conn.close()
+
+    def _relay(self, response: http.client.HTTPResponse, state: dict[str, Any]) -> None:
+        """Forward a stream event by event, keeping the text so far (for a resume); a resumed stream's events
+        follow the ones already sent."""
+        if not state["sent_headers"]:
+            self.send_response(response.status)
+            self.send_header("content-type", response.getheader("content-type", "text/event-stream"))
+            self.send_header("transfer-encoding", "chunked")
+            self.end_headers()
+            state["sent_headers"] = True
+        while True:
+            try:
+                line = response.readline(1 << 20)
+            except (OSError, http.client.HTTPException) as exc:
+                raise Broken(f"stream cut: {type(exc).__name__}: {exc}", True) from exc
+            if not line:
+                raise Broken("stream ended without [DONE]", True)
+            self._chunk(line)
+            data = line.strip()
+            if data == b"data: [DONE]":
+                self.wfile.write(b"0\r\n\r\n")
+                self.wfile.flush()
+                return
+            if data.startswith(b"data:"):
+                try:
+                    event = json.loads(data[5:])
+                except ValueError:
+                    continue
+                for choice in event.get("choices") or []:
+                    if choice.get("text"):
+                        state["text"] += choice["text"]
+                        state["tokens"] += 1
+
+    def _chunk(self, data: bytes) -> None:
+        try:
+            self.wfile.write(f"{len(data):x}\r\n".encode() + data + b"\r\n")
+            self.wfile.flush()
+        except OSError as exc:  # the client went away: nothing more to do for it
+            raise ConnectionAbortedError("client gone") from exc  # an OSError: _forward counts it cancelled
