@@ -165,8 +165,11 @@ def cmd_launch(args: argparse.Namespace) -> int:
 
         host, _, port = args.serve.rpartition(":")
         executor = partial(ServingProcesses, router=Router(host or "127.0.0.1", int(port), limit=args.batch_limit))
+    slo = dict(zip(("ttft_seconds", "tpot_seconds"), map(float, args.slo.split(",")), strict=True)) \
+        if args.slo else None
     launcher = Launcher(_client(args), name=args.job, nproc=args.nproc, argv=argv, kind=args.kind,
-                        nodes=args.node or [], warm=not args.cold, preload=args.preload, executor=executor)
+                        nodes=args.node or [], warm=not args.cold, preload=args.preload, executor=executor,
+                        attributes={"slo": slo} if slo else None)
     return launcher.run()
 
 
@@ -201,7 +204,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
     from sentinel.demo.demo import run_demo
 
     return run_demo(data_dir=Path(args.data_dir) if args.data_dir else None, port=args.port, fault=args.fault,
-                    exit_after=args.exit, duration=args.duration)
+                    exit_after=args.exit, duration=args.duration, serving=args.serving)
 
 
 def _remote(p: argparse.ArgumentParser) -> None:
@@ -269,6 +272,7 @@ def _launch_parser(sub: Any) -> None:
                    help="module standbys import ahead; repeat (default: torch, torch.distributed, DDP, torch._dynamo)")
     p.add_argument("--serve", metavar="HOST:PORT", help="serving: each rank a replica, behind a router here")
     p.add_argument("--batch-limit", type=int, help="serving: requests admitted per replica at once (default: any)")
+    p.add_argument("--slo", metavar="TTFT,TPOT", help="serving: the SLO's targets in seconds, e.g. 0.5,0.05")
     p.add_argument("cmd", nargs=argparse.REMAINDER, help="the command of one rank, after --")
     p.set_defaults(fn=cmd_launch)
 
@@ -302,7 +306,9 @@ def _demo_parser(sub: Any) -> None:
     p = sub.add_parser("demo", help="the whole story: server, two agents, a DDP job, a fault, the recovery")
     p.add_argument("--data-dir", default=None, help="default: a fresh temporary directory")
     p.add_argument("--port", type=int, default=9480)
-    p.add_argument("--fault", default="xid:79", help="xid[:N] (default xid:79), hang or crash")
+    p.add_argument("--fault", default=None, help="xid[:N] (default xid:79), hang or crash; serving: freeze (default), "
+                        "empty or exit0")
+    p.add_argument("--serving", action="store_true", help="a serving job behind the router, a replica fault, failover")
     p.add_argument("--exit", action="store_true", help="stop at the end instead of running until Ctrl-C")
     p.add_argument("--duration", type=float, default=None, help="keep running this many seconds, then stop")
     p.set_defaults(fn=cmd_demo)

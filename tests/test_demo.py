@@ -120,3 +120,32 @@ def _alive(procs: list[psutil.Process]) -> list[psutil.Process]:
         except psutil.NoSuchProcess:
             continue
     return left
+
+
+def test_the_serving_demo_replaces_the_frozen_replica_and_no_client_request_fails(tmp_path: Path):
+    data = tmp_path / "serving"
+    result = subprocess.run(sentinel_cmd("demo", "--serving", "--exit", "--data-dir", str(data), "--port",
+                                         str(free_port())),
+                            env={**os.environ, "COLUMNS": "100"}, capture_output=True, text=True, timeout=300)
+    out = result.stdout
+    assert result.returncode == 0, out + result.stderr
+    for chapter in ("3. A serving job", "NOT a model", "4. Client load", "5. Fault", "6. Detected by serving_stall",
+                    "7. What Sentinel did", "what the clients saw", "timeline"):
+        assert chapter in out, chapter
+    assert max(len(line) for line in out.splitlines()) <= 100, "fits a 100-column terminal"
+    figures = json.loads((data / "timeline.json").read_text())
+    assert figures["detector"] == "serving_stall" and figures["injected_to_serving_seconds"] < 30
+    assert "replica r1 → r1.a1" in figures["order_result"] and "0 failed" in figures["order_result"]
+    assert figures["client_fault_to_cutover"]["failed"] == 0, "the streams cut by the stop were resumed"
+    assert figures["client_after_cutover"]["requests"] > 0 and figures["client_after_cutover"]["failed"] == 0
+    server = LiveServer(data / "check", f"sqlite:///{data / 'sentinel.db'}").start()
+    try:
+        token = (data / "admin-token").read_text().strip()
+        with httpx.Client(base_url=server.url + "/api/v1", headers={"authorization": f"Bearer {token}"},
+                          timeout=10) as api:
+            orders = api.get(f"/jobs/{figures['job_id']}/orders", params={"state": "all"}).json()
+            assert [(o["kind"], o["state"]) for o in orders] == [("replace_replica", "done")], \
+                "one replacement: the replaced replica's last frozen report stalls nothing after it"
+            assert [s["rank"] for s in orders[0]["placement"] if s.get("replace")] == [1]
+    finally:
+        server.stop()

@@ -321,17 +321,25 @@ class Demo:
         self.console.print(table)
 
 
-def run_demo(*, data_dir: Path | None, port: int, fault: str = "xid:79", exit_after: bool = False,
-             duration: float | None = None) -> int:
+def run_demo(*, data_dir: Path | None, port: int, fault: str | None = None, exit_after: bool = False,
+             duration: float | None = None, serving: bool = False) -> int:
     console = Console(width=WIDTH, highlight=False)
-    try:
-        parsed = parse_fault(fault)
-    except ValueError as exc:
-        console.print(f"error: {exc}")
-        return 2
+    if serving:
+        from sentinel.demo.serving import SERVING_FAULTS, ServingDemo
+
+        if (fault or "freeze") not in SERVING_FAULTS:
+            console.print(f"error: a serving fault is one of {', '.join(SERVING_FAULTS)}, not {fault!r}")
+            return 2
+        parsed: tuple[str, float | None] = (fault or "freeze", None)
+    else:
+        try:
+            parsed = parse_fault(fault or "xid:79")
+        except ValueError as exc:
+            console.print(f"error: {exc}")
+            return 2
     data_dir = data_dir or Path(tempfile.mkdtemp(prefix="sentinel-demo-"))
     data_dir.mkdir(parents=True, exist_ok=True)
-    demo = Demo(data_dir=data_dir, port=port, fault=parsed, console=console)
+    demo = (ServingDemo if serving else Demo)(data_dir=data_dir, port=port, fault=parsed, console=console)
     previous = {sig: signal.signal(sig, _stop_signal) for sig in STOP_SIGNALS}
     try:
         demo.run()

@@ -48,11 +48,12 @@ class Launcher:
     def __init__(self, client: SentinelClient, *, name: str, nproc: int, argv: list[str], kind: str = "training",
                  nodes: list[str] | None = None, warm: bool = True, preload: list[str] | None = None,
                  poll_seconds: float = 25.0, out: TextIO = sys.stdout,
-                 executor: Callable[..., LocalProcesses] | None = None):
+                 executor: Callable[..., LocalProcesses] | None = None, attributes: dict[str, Any] | None = None):
         if not argv:
             raise ValueError("nothing to launch: give the command after --")
         self.client = client
         self.name, self.nproc, self.argv, self.kind = name, nproc, argv, kind
+        self.attributes = dict(attributes or {})  # registered with the job (a serving job's `slo`)
         self.nodes = nodes or []
         self.poll_seconds = poll_seconds
         env = {"SENTINEL_SERVER": client.server}  # for the checkpoint catalog (sentinel.sdk.checkpoint)
@@ -196,7 +197,7 @@ class Launcher:
     def _start_job(self) -> None:
         spec = {"name": self.name, "kind": self.kind, "world_size": self.nproc,
                 "attributes": {"launcher": "sentinel launch", "host": socket.gethostname(),
-                               "command": " ".join(self.argv)[:500]}}
+                               "command": " ".join(self.argv)[:500], **self.attributes}}
         self.local.job_id = int(self.client.post("/jobs", spec)["id"])
         placement = self.client.post(f"/jobs/{self.job_id}/placement", {"nodes": self.nodes})
         self.say(f"job {self.job_id} registered; {self.nproc} rank(s)")

@@ -9,8 +9,9 @@ A `replace_replica` order replaces the ranks its placement marks `replace` (all 
 one at a time, as DESIGN §6 says: drain the old replica (the router routes nothing new to it; the others take
 the traffic at once), start the replacement from the same command (the weights it loads are the catalog's),
 wait until it answers, cut over (the router routes to it), give the old replica's requests in flight
-`drain_seconds` to finish, then stop it (a stream cut by the stop is resumed or retried elsewhere by the
-router). The order's result says how long each step took and what became of the requests in flight.
+`drain_seconds` to finish (none once they have sent nothing for a second: a frozen replica), then stop it
+(a stream cut by the stop is resumed or retried elsewhere by the router). The order's result says how long
+each step took and what became of the requests in flight.
 
 An `adjust` order sets the batch limit: the router admits at most that many requests per replica at once, and
 a replica that takes `POST /sentinel/batch_limit` (the project's demo engine) is told too.
@@ -29,7 +30,8 @@ from sentinel.remediation.executors.base import Action, Outcome
 from sentinel.serving.router import Router
 
 READY_SECONDS = 300.0  # a replica loading its weights: vLLM on CPU takes ~75 s here
-DRAIN_SECONDS = 5.0
+DRAIN_SECONDS = 30.0  # the longest a healthy replica's requests in flight get to finish before its stop
+STALLED_SECONDS = 1.0  # a replica whose requests in flight send nothing this long is not waited for
 
 
 def replica_name(rank: int, attempt: int) -> str:
@@ -97,6 +99,9 @@ class ServingProcesses(LocalProcesses):
         slots = {int(s["rank"]): s for s in order["placement"]}
         chosen = sorted(r for r, s in slots.items() if s.get("replace")) or sorted(slots)
         lines = [self._replace(slots[rank], attempt) for rank in chosen]
+        kept = [r for r in self.ranks if r.rank not in chosen]
+        if kept:  # the replicas left alone are this attempt's too: the server's next placement names them all
+            self.on_started(kept, attempt)
         self.attempt = attempt
         return Outcome(True, f"order {order['id']}: " + "; ".join(lines))
 
@@ -122,7 +127,8 @@ class ServingProcesses(LocalProcesses):
         if self.batch_limit is not None:
             tell(backend.port, self.batch_limit)
         self.on_started([new], attempt)
-        finished = drained is not None and self.router.wait_drained(drained, self.drain_seconds)
+        # its requests in flight finish on it, unless no byte of theirs comes for a second: frozen
+        finished = drained is not None and self.router.wait_drained(drained, self.drain_seconds, STALLED_SECONDS)
         if old is not None:
             self.stop_ranks([old])
         if drained is not None:

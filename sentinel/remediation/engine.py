@@ -243,7 +243,7 @@ class RemediationEngine:
         """Escalate orders nobody acted on in time; notice jobs stepping again after an order; time out probes."""
         with transaction(self._factory) as session:
             late = orders.late_orders(session, to_datetime(self.clock.time()), self.settings.order_ack_seconds)
-            settled = self.recoveries.settle(session)
+            settled = self.recoveries.settle(session, self.clock.time())
         for target, line in [*late, *self.probes.expired(self.clock.time())]:
             if target is not None:
                 self.incidents.annotate(target, line, severity="critical")

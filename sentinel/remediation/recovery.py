@@ -64,7 +64,7 @@ class Recoveries:
         """Each job's recoveries from its completed orders; orders under way are restarts still awaited."""
         for order, observed in session.execute(
                 select(Order, Incident.observed_at).outerjoin(Incident, Incident.id == Order.incident_id)
-                .where(Order.completed_at.is_not(None)).order_by(Order.completed_at)):
+                .where(Order.completed_at.is_not(None), Order.kind != "adjust").order_by(Order.completed_at)):
             assert order.completed_at is not None
             self._add(order.job_id, (order.completed_at - (observed or order.created_at)).total_seconds())
         for order in session.scalars(select(Order).where(Order.completed_at.is_(None), Order.state.in_(UNDER_WAY))):
@@ -85,12 +85,16 @@ class Recoveries:
         ordered, since = self._restarting.get(job_id, (-1, 0.0))
         return ordered > attempt and now - since < RESTART_GRACE_SECONDS
 
-    def settle(self, session: Session) -> Settled:
-        """Orders whose attempt is stepping: recorded as completed, with their recovery time and lost steps."""
+    def settle(self, session: Session, now: float | None = None) -> Settled:
+        """Orders whose attempt is stepping: recorded as completed, with their recovery time and lost steps. A
+        serving replica does not step: its replacement is complete when the launcher says it is done (it
+        answers and takes traffic), seen here at `now`."""
         out = Settled()
         for order in session.scalars(select(Order).where(Order.state.in_(("acknowledged", "done")),
-                                                         Order.completed_at.is_(None))):
+                                                         Order.completed_at.is_(None), Order.kind != "adjust")):
             stepped = self.first_step_at(order.job_id, order.attempt)
+            if stepped is None and order.kind == "replace_replica" and order.state == "done" and now is not None:
+                stepped = now
             if stepped is not None:
                 self._complete(session, order, stepped, out)
         return out
@@ -107,13 +111,15 @@ class Recoveries:
         self._add(order.job_id, took)
         order.recovery_seconds = took
         order.lost_steps = self.lost_steps(order.job_id, order.attempt)
-        order.result = f"stepping again {took:.1f}s after the fault was observed"
+        serving = order.kind == "replace_replica"  # no steps: it serves again once its replacement answers
+        again = "serving again" if serving else "stepping again"
+        order.result = (f"{again} {took:.1f}s after the fault was observed"
+                        + (f"; {order.result}" if serving and order.result else ""))[:1024]
         if incident is not None and not incident.latched and incident.state != "resolved":
             # not latched: resolved, so a new occurrence of the same condition opens a new incident
-            out.resolved.append((incident.id, f"recovered: job {order.job_id} stepping again (attempt "
-                                              f"{order.attempt})"))
+            out.resolved.append((incident.id, f"recovered: job {order.job_id} {again} (attempt {order.attempt})"))
         redo = f"; {order.lost_steps} step(s) to recompute" if order.lost_steps else ""
-        out.recovered.append((order.incident_id, f"job {order.job_id} is stepping again (attempt {order.attempt}), "
+        out.recovered.append((order.incident_id, f"job {order.job_id} is {again} (attempt {order.attempt}), "
                                                  f"{took:.1f}s after the fault was observed{redo}"))
         log.warning("job recovered: job=%d attempt=%d order=%s recovery=%.2fs", order.job_id, order.attempt,
                     order.id, took)

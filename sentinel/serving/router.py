@@ -39,6 +39,7 @@ class Backend:
     in_flight: int = 0
     served: int = 0
     failed: int = 0  # requests that failed here, whatever became of them next (retried, resumed or failed)
+    last_byte_at: float = 0.0  # monotonic: when an answer's bytes last came from it
     added_at: float = field(default_factory=time.monotonic)
 
 
@@ -105,10 +106,14 @@ class Router:
                 backend.draining = True
             return backend
 
-    def wait_drained(self, backend: Backend, timeout: float) -> bool:
+    def wait_drained(self, backend: Backend, timeout: float, stalled_seconds: float | None = None) -> bool:
+        """Until its requests in flight are done (True), `timeout`, or, with `stalled_seconds`, until no byte of
+        theirs has come for that long (frozen: waiting longer saves nothing)."""
         deadline = time.monotonic() + timeout
         with self.cond:
             while backend.in_flight and time.monotonic() < deadline:
+                if stalled_seconds is not None and time.monotonic() - backend.last_byte_at > stalled_seconds:
+                    break
                 self.cond.wait(min(0.1, max(0.0, deadline - time.monotonic())))
             return backend.in_flight == 0
 
@@ -256,6 +261,7 @@ class _Handler(BaseHTTPRequestHandler):
                     data = response.read()
                 except (OSError, http.client.HTTPException) as exc:
                     raise Broken(f"answer cut: {exc}", False) from exc
+                backend.last_byte_at = time.monotonic()
                 self.send_response(response.status)
                 for k, v in response.getheaders():
                     if k.lower() not in HOP:
@@ -264,11 +270,11 @@ class _Handler(BaseHTTPRequestHandler):
                 self.end_headers()
                 self.wfile.write(data)
                 return
-            self._relay(response, state)
+            self._relay(backend, response, state)
         finally:
             conn.close()
 
-    def _relay(self, response: http.client.HTTPResponse, state: dict[str, Any]) -> None:
+    def _relay(self, backend: Backend, response: http.client.HTTPResponse, state: dict[str, Any]) -> None:
         """Forward a stream event by event, keeping the text so far (for a resume); a resumed stream's events
         follow the ones already sent."""
         if not state["sent_headers"]:
@@ -284,6 +290,7 @@ class _Handler(BaseHTTPRequestHandler):
                 raise Broken(f"stream cut: {type(exc).__name__}: {exc}", True) from exc
             if not line:
                 raise Broken("stream ended without [DONE]", True)
+            backend.last_byte_at = time.monotonic()
             self._chunk(line)
             data = line.strip()
             if data == b"data: [DONE]":

@@ -96,6 +96,11 @@ class ReplicaStats:
     requests_total: int = 0  # since this server took the lead
     failed_total: dict[str, int] = field(default_factory=dict)
 
+    @property
+    def label(self) -> str:
+        """How an incident names it: "decode replica d1", or "replica r1" where one replica does every stage."""
+        return f"replica {self.replica}" if self.stage == "mixed" else f"{self.stage} replica {self.replica}"
+
 
 class ServingView:
     """Thread-safe: ingest adds, the API, /metrics and the detectors read."""
@@ -129,6 +134,10 @@ class ServingView:
             replicas = self._jobs.setdefault(job_id, {})
             r = replicas.get(name)
             if r is None:
+                # a task runs one replica: another name on its rank is the one it replaced, whose window must
+                # not speak for the rank any more (its last frozen report would stall the replacement's)
+                for other in [n for n, x in replicas.items() if x.rank == rank and x.node == node]:
+                    del replicas[other]
                 r = replicas[name] = ReplicaStats(name, rank)
             r.rank, r.node, r.stage, r.source, r.last_seen = rank, node, stats.stage, stats.source, now
             r.intervals.append((now, stats))

@@ -121,8 +121,8 @@ class BadCompletion(Detector):
         return Finding(
             detector=self.name, key=key, severity="critical", layer="software",
             subject=Subject(node=r.node or None, job_id=job_id, rank=r.rank),
-            title=f"serving job {job_id}: {r.stage} replica {r.replica} {what}",
-            seen=f"{r.stage} replica {r.replica} (rank {r.rank}, node {r.node}): {'; '.join(parts)}",
+            title=f"serving job {job_id}: {r.label} {what}",
+            seen=f"{r.label} (rank {r.rank}, node {r.node}): {'; '.join(parts)}",
             comparison=usual,
             evidence={"replica": r.replica, "stage": r.stage, "source": r.source, "reason": reason,
                       "canary": canary.model_dump() if canary is not None else None,

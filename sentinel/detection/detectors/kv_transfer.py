@@ -119,8 +119,8 @@ class KvTransfer(Detector):
         return Finding(
             detector=self.name, key=key, severity=severity, layer="interconnect",
             subject=Subject(node=r.node or None, job_id=job_id, rank=r.rank),
-            title=f"serving job {job_id}: {r.stage} replica {r.replica}: {what}",
-            seen=f"{r.stage} replica {r.replica} (rank {r.rank}, node {r.node}): {what}; {transfers} transfers, "
+            title=f"serving job {job_id}: {r.label}: {what}",
+            seen=f"{r.label} (rank {r.rank}, node {r.node}): {what}; {transfers} transfers, "
                  f"{per}" + (f"; share of TTFT {share:.1%}" if share is not None and failures else ""),
             comparison=(f"its own median share over the last hour: {usual:.1%}" if usual is not None
                         else "no baseline of this replica yet (under an hour of normal points)"),

@@ -92,9 +92,9 @@ class QueueGrowth(Detector):
         return Finding(
             detector=self.name, key=key, severity="warning", layer="software",
             subject=Subject(node=r.node or None, job_id=job_id, rank=r.rank),
-            title=f"serving job {job_id}: {r.stage} replica {r.replica}: queue growing "
+            title=f"serving job {job_id}: {r.label}: queue growing "
                   f"({first[1]:.0f} → {last[1]:.0f} waiting in {seconds:.0f} s)",
-            seen=f"{r.stage} replica {r.replica} (rank {r.rank}, node {r.node}): waiting requests grew "
+            seen=f"{r.label} (rank {r.rank}, node {r.node}): waiting requests grew "
                  f"{rate:.2f}/s over {seconds:.0f} s to {last[1]:.0f}; {r.running if r.running is not None else '?'} "
                  f"running, {limit}",
             comparison=f"it finished {finished:.1f} requests/s over the same span: arrivals outrun it",

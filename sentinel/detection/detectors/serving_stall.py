@@ -104,8 +104,8 @@ class ServingStall(Detector):
         return Finding(
             detector=self.name, key=key, severity="critical", layer="software",
             subject=Subject(node=r.node or None, job_id=job_id, rank=r.rank),
-            title=f"serving job {job_id}: {r.stage} replica {r.replica} stalled ({what})",
-            seen=f"{r.stage} replica {r.replica} (rank {r.rank}, node {r.node}): {what}; "
+            title=f"serving job {job_id}: {r.label} stalled ({what})",
+            seen=f"{r.label} (rank {r.rank}, node {r.node}): {what}; "
                  f"limits {stall:.0f} s without a token, {deadline:.0f} s for a request",
             comparison=usual,
             evidence={"replica": r.replica, "stage": r.stage, "source": r.source, "running": r.running,
