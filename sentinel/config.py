@@ -108,7 +108,7 @@ class Settings(BaseSettings):
     remediation_enabled: bool = True
     remediation_dry_run: bool = False
     # The batching controller (sentinel/serving/batching.py): serving jobs' batch limits against their SLO
-    batching_interval_seconds: float = Field(default=5.0, ge=0)  # 0: off
+    batching_interval_seconds: float = Field(default=2.0, ge=0)  # 0: off
     batching_dry_run: bool = False  # say what it would change, issue no adjust order
     executors: list[str] = []  # beyond orders to launchers: "slurm", "kubernetes"
     executor_options: dict[str, dict[str, Any]] = {}

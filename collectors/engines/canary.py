@@ -34,7 +34,7 @@ MAX_LINE_BYTES = 1 << 20  # one SSE event; a completion chunk is hundreds of byt
 class Canary:
     def __init__(self, url: str, *, every_seconds: float = 15.0, max_tokens: int = 8,
                  first_token_seconds: float = 10.0, stall_seconds: float = 3.0, model: str | None = None,
-                 clock: Callable[[], float] = time.time) -> None:
+                 prompt: str | list[int] = PROMPT, clock: Callable[[], float] = time.time) -> None:
         parts = urllib.parse.urlsplit(url)
         if parts.scheme not in ("http", "https") or not parts.hostname:
             raise ValueError(f"canary: {url!r} is not an http(s) URL")
@@ -43,6 +43,7 @@ class Canary:
         self.every_seconds, self.max_tokens = every_seconds, max_tokens
         self.first_token_seconds, self.stall_seconds = first_token_seconds, stall_seconds
         self.model = model
+        self.prompt = prompt  # token ids for an engine started without its tokenizer
         self.clock = clock
         self._lock = threading.Lock()
         self._running = False
@@ -91,7 +92,7 @@ class Canary:
             model = self.model or self._model(conn)
             if model is None:
                 return done(False, "error", detail="GET /v1/models named no model")
-            body = json.dumps({"model": model, "prompt": PROMPT, "max_tokens": self.max_tokens, "temperature": 0,
+            body = json.dumps({"model": model, "prompt": self.prompt, "max_tokens": self.max_tokens, "temperature": 0,
                                "stream": True, "stream_options": {"include_usage": True}})
             conn.request("POST", "/v1/completions", body=body, headers={"Content-Type": "application/json"})
             response = conn.getresponse()

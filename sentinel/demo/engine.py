@@ -28,6 +28,8 @@ from collections import deque
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
+from sentinel.serving.router import QuietServer
+
 MODEL = "sentinel-demo-engine"
 FAULTS = ("empty", "freeze", "truncate", "exit0", "crash")
 DONE = object()
@@ -221,8 +223,7 @@ class Handler(BaseHTTPRequestHandler):
 def serve(engine: Engine, host: str, port: int) -> ThreadingHTTPServer:
     """The engine's HTTP server, started on a daemon thread; `server_address` says the port."""
     handler = type("EngineHandler", (Handler,), {"engine": engine})
-    httpd = ThreadingHTTPServer((host, port), handler)
-    httpd.daemon_threads = True
+    httpd = QuietServer((host, port), handler)
     threading.Thread(target=httpd.serve_forever, name="engine-http", daemon=True).start()
     return httpd
 

@@ -16,7 +16,7 @@ from __future__ import annotations
 import json
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
@@ -32,6 +32,10 @@ BUCKET_SECONDS = 5.0
 
 @dataclass
 class ServingDemo(Demo):
+    # the demo's pace: a stall is one after 3 s (10 by default); benchmarks/serving.py runs the defaults too
+    detector_options: dict[str, dict[str, float]] = field(default_factory=lambda: {"serving_stall": {
+        "stall_seconds": 3}})
+
     def run(self) -> dict[str, Any]:
         env = self._env()
         launcher_token = self._start_server(env)
@@ -52,8 +56,7 @@ class ServingDemo(Demo):
         import os
 
         env = {**os.environ, "SENTINEL_DATA_DIR": str(self.data_dir), "SENTINEL_LOG_LEVEL": "INFO",
-               "PYTHONUNBUFFERED": "1", "SENTINEL_DETECTOR_OPTIONS": json.dumps({"serving_stall": {
-                   "stall_seconds": 3}})}
+               "PYTHONUNBUFFERED": "1", "SENTINEL_DETECTOR_OPTIONS": json.dumps(self.detector_options)}
         env.pop("SENTINEL_DATABASE_URL", None)
         return env
 

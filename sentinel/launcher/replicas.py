@@ -13,8 +13,9 @@ wait until it answers, cut over (the router routes to it), give the old replica'
 (a stream cut by the stop is resumed or retried elsewhere by the router). The order's result says how long
 each step took and what became of the requests in flight.
 
-An `adjust` order sets the batch limit: the router admits at most that many requests per replica at once, and
-a replica that takes `POST /sentinel/batch_limit` (the project's demo engine) is told too.
+An `adjust` order sets the batch limit: a replica that takes `POST /sentinel/batch_limit` (the project's demo
+engine) applies it itself, and queues (and reports its queue) as an engine's own limit does; for one that
+does not (vLLM has no such call), the router admits at most that many requests to it at once.
 """
 
 from __future__ import annotations
@@ -65,8 +66,8 @@ class ServingProcesses(LocalProcesses):
         started = time.monotonic()
         if self.router.wait_ready(backend, self.ready_seconds, alive=lambda: proc.poll() is None):
             self.say(f"replica {backend.name} ready on port {backend.port} after {time.monotonic() - started:.1f}s")
-            if self.batch_limit is not None:
-                tell(backend.port, self.batch_limit)
+            if self.batch_limit is not None and tell(backend.port, self.batch_limit):
+                self.router.set_limit(None, {backend.name})
 
     def close(self, grace_seconds: float = 5.0) -> None:
         super().close(grace_seconds)
@@ -87,10 +88,12 @@ class ServingProcesses(LocalProcesses):
             return Outcome(False, f"order {order.get('id')}: adjust without a batch_limit of 1 or more")
         before, self.batch_limit = self.batch_limit, limit
         self.router.set_limit(limit)
-        told = sum(tell(port, limit) for port in self.ports.values())
+        took = {name for rank, name in self.names.items() if rank in self.ports and tell(self.ports[rank], limit)}
+        self.router.set_limit(None, took)  # a replica that takes it queues itself (and reports its queue)
         self.say(f"batch limit {before or 'none'} → {limit} per replica ({order.get('reason', '')})")
         return Outcome(True, f"order {order.get('id')}: batch limit {before or 'none'} → {limit} per replica "
-                             f"(router; {told} of {len(self.ports)} replica(s) took it too)")
+                             f"({len(took)} of {len(self.ports)} replica(s) took it; the router holds the "
+                             "others to it)")
 
     def _carry_out(self, order: dict[str, Any]) -> Outcome:
         if order["kind"] != "replace_replica":
@@ -124,8 +127,8 @@ class ServingProcesses(LocalProcesses):
             raise OSError(f"replica {backend.name} did not answer within {self.ready_seconds:g}s "
                           f"(exit {proc.poll()})")
         ready = time.monotonic() - begun
-        if self.batch_limit is not None:
-            tell(backend.port, self.batch_limit)
+        if self.batch_limit is not None and tell(backend.port, self.batch_limit):
+            self.router.set_limit(None, {backend.name})
         self.on_started([new], attempt)
         # its requests in flight finish on it, unless no byte of theirs comes for a second: frozen
         finished = drained is not None and self.router.wait_drained(drained, self.drain_seconds, STALLED_SECONDS)

@@ -5,12 +5,15 @@ Each tick reads the job's last `window_seconds` of requests (sentinel/serving/si
 queues:
 - TPOT p99 over its target: the batch is too large for the decode to keep pace: the limit × `decrease`;
 - otherwise, requests waiting, TPOT p99 under `headroom` × its target: room to admit more: the limit +
-  `increase` (the queue is what makes TTFT miss during a spike);
+  `increase`, or + the queue per replica where that is more, at most doubling (the queue is what makes TTFT
+  miss during a spike, and a spike does not wait for steps of 2);
 - otherwise the limit stays.
-Guarded: within [`min_limit`, `max_limit`]; after a change, none for `cooldown_seconds` (its effect must reach
-the window first); a job with fewer than `min_requests` finished in the window is left alone; `dry_run` says
-what it would do and issues nothing. A change goes out as an `adjust` order (`{"batch_limit": N}`) that the
-job's launcher applies (sentinel/launcher/replicas.py); the starting limit is the one its replicas report.
+Guarded: within [`min_limit`, `max_limit`]; after a change no cut for `cooldown_seconds` (its effect must
+reach the window first), and after a cut no raise either (hysteresis); a raise may follow a raise at the next
+tick, since a queue still there says at once that it was not enough; a job with fewer than `min_requests`
+finished in the window is left alone; `dry_run` says what it would do and issues nothing. A change goes out
+as an `adjust` order (`{"batch_limit": N}`) that the job's launcher applies (sentinel/launcher/replicas.py);
+the starting limit is the one its replicas report.
 """
 
 from __future__ import annotations
@@ -42,7 +45,7 @@ class Limits:
     increase: int = 2
     decrease: float = 0.7
     headroom: float = 0.8
-    cooldown_seconds: float = 10.0
+    cooldown_seconds: float = 5.0
     window_seconds: float = 10.0
     min_requests: int = 10
 
@@ -56,7 +59,8 @@ class BatchingController:
         self.dry_run = dry_run
         self.current: dict[int, int] = {}  # job → the limit last decided
         self.changed_at: dict[int, float] = {}
-        self.decisions: list[Decision] = []  # the latest first... bounded below
+        self.decreased: dict[int, bool] = {}  # the last change was a cut
+        self.decisions: list[Decision] = []  # the latest first, at most 100
 
     def tick(self, now: float) -> list[Decision]:
         out = []
@@ -69,8 +73,9 @@ class BatchingController:
 
     def decide(self, job_id: int, now: float) -> Decision | None:
         slo, g = self.view.slo(job_id), self.limits
-        if slo is None or now - self.changed_at.get(job_id, -math.inf) < g.cooldown_seconds:
+        if slo is None:
             return None
+        cooling = now - self.changed_at.get(job_id, -math.inf) < g.cooldown_seconds
         replicas = [r for r in self.view.replicas(job_id, now) if now - r.last_seen <= 3 * g.window_seconds]
         current = self.current.get(job_id) or max((r.batch_limit or 0 for r in replicas), default=0)
         stats = self.view.window(job_id, None, now, seconds=g.window_seconds)
@@ -82,14 +87,19 @@ class BatchingController:
         seen = (f"TTFT p99 {_ms(ttft)} (target {_ms(slo.ttft_seconds)}), TPOT p99 {_ms(tpot)} "
                 f"(target {_ms(slo.tpot_seconds)}), {waiting} waiting")
         if tpot is not None and tpot > slo.tpot_seconds:
+            if cooling:  # the last change has not reached the window yet
+                return None
             after, why = max(g.min_limit, math.floor(current * g.decrease)), f"{seen}: TPOT over its target"
         elif waiting > 0 and (tpot is None or tpot < g.headroom * slo.tpot_seconds):
-            after, why = min(g.max_limit, current + g.increase), f"{seen}: requests wait and TPOT has headroom"
+            if cooling and self.decreased.get(job_id):  # no raise right after a cut: hysteresis
+                return None
+            step = max(g.increase, min(current, math.ceil(waiting / max(len(replicas), 1))))
+            after, why = min(g.max_limit, current + step), f"{seen}: requests wait and TPOT has headroom"
         else:
             return None
         if after == current:
             return None
-        self.current[job_id], self.changed_at[job_id] = after, now
+        self.current[job_id], self.changed_at[job_id], self.decreased[job_id] = after, now, after < current
         applied = False
         reason = f"batch limit {current} → {after}: {why}"
         if self.dry_run:

@@ -3,10 +3,13 @@ over without its clients noticing, and every request in flight at a fault is acc
 
 `sentinel launch --serve HOST:PORT` runs it in the launcher (sentinel/launcher/replicas.py adds and drains the
 replicas). It forwards `/v1/*` to the ready replica with the fewest requests in flight, up to `limit` each
-(the batching controller's admission limit; excess requests wait, at most `queue_seconds`). What happens to a
+(the batching controller's admission limit, for replicas that cannot take one themselves; excess requests
+wait, at most `queue_seconds`). What happens to a
 request whose replica fails:
 - nothing sent to the client yet (refused, reset, HTTP 5xx such as vLLM's EngineDeadError, or a whole answer
   not yet complete): sent again to another replica, counted `retried`;
+- a stream that ends without a token of text (an empty 200): sent again to another replica, `retried`, unless
+  it was the last try (then the client gets it as it came);
 - a stream that broke mid-answer, for a completion with a text prompt: resumed on another replica with the
   prompt and the text so far, `max_tokens` less what came (`resumed`); the client sees one stream;
 - otherwise it fails (`failed`), and the client sees its stream end without `[DONE]`.
@@ -17,6 +20,7 @@ from __future__ import annotations
 import http.client
 import json
 import logging
+import sys
 import threading
 import time
 from dataclasses import dataclass, field
@@ -40,7 +44,21 @@ class Backend:
     served: int = 0
     failed: int = 0  # requests that failed here, whatever became of them next (retried, resumed or failed)
     last_byte_at: float = 0.0  # monotonic: when an answer's bytes last came from it
+    limit: int | None = None  # requests in flight at once; None where the replica limits itself
     added_at: float = field(default_factory=time.monotonic)
+
+
+class QuietServer(ThreadingHTTPServer):
+    """A client that hangs up between requests is no error worth a traceback on stderr."""
+
+    daemon_threads = True
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        error = sys.exc_info()[1]
+        if isinstance(error, ConnectionError | TimeoutError):
+            log.debug("connection from %s ended: %s", client_address, error)
+        else:
+            log.exception("request from %s failed", client_address)
 
 
 class Broken(Exception):
@@ -63,8 +81,7 @@ class Router:
                        "cancelled": 0}
         self.cond = threading.Condition()
         handler = type("RouterHandler", (_Handler,), {"router": self})
-        self.httpd = ThreadingHTTPServer((host, port), handler)
-        self.httpd.daemon_threads = True
+        self.httpd = QuietServer((host, port), handler)
         self.address = f"http://{host}:{self.httpd.server_address[1]}"
         threading.Thread(target=self.httpd.serve_forever, name="sentinel-router", daemon=True).start()
 
@@ -76,7 +93,7 @@ class Router:
     def add(self, name: str, port: int, host: str = "127.0.0.1") -> Backend:
         """A replica, routed to once `wait_ready` has seen it answer."""
         with self.cond:
-            backend = self.backends[name] = Backend(name, host, port)
+            backend = self.backends[name] = Backend(name, host, port, limit=self.limit)
             return backend
 
     def wait_ready(self, backend: Backend, timeout: float, alive: Any = lambda: True) -> bool:
@@ -122,16 +139,21 @@ class Router:
             if self.backends.get(backend.name) is backend:
                 del self.backends[backend.name]
 
-    def set_limit(self, limit: int | None) -> None:
+    def set_limit(self, limit: int | None, names: set[str] | None = None) -> None:
+        """The admission limit of the replicas `names` (all of them, and those added later, by default)."""
         with self.cond:
-            self.limit = limit
+            if names is None:
+                self.limit = limit
+            for b in self.backends.values():
+                if names is None or b.name in names:
+                    b.limit = limit
             self.cond.notify_all()
 
     def snapshot(self) -> dict[str, Any]:
         with self.cond:
             return {"counts": dict(self.counts), "limit": self.limit, "replicas": {
                 b.name: {"ready": b.ready, "draining": b.draining, "in_flight": b.in_flight, "served": b.served,
-                         "failed": b.failed, "port": b.port} for b in self.backends.values()}}
+                         "failed": b.failed, "port": b.port, "limit": b.limit} for b in self.backends.values()}}
 
     # -- routing --------------------------------------------------------------------------------------
     def acquire(self, avoid: set[str]) -> Backend | None:
@@ -141,7 +163,7 @@ class Router:
             while True:
                 usable = [b for b in self.backends.values() if b.ready and not b.draining]
                 fresh = [b for b in usable if b.name not in avoid] or usable
-                room = [b for b in fresh if self.limit is None or b.in_flight < self.limit]
+                room = [b for b in fresh if b.limit is None or b.in_flight < b.limit]
                 if room:
                     chosen = min(room, key=lambda b: (b.in_flight, b.added_at))
                     chosen.in_flight += 1
@@ -213,7 +235,7 @@ class _Handler(BaseHTTPRequestHandler):
             avoid.add(backend.name)
             try:
                 payload = body if attempt == 0 or not state["tokens"] else self._resume(request, state)
-                self._one(backend, payload, streamed, state)
+                self._one(backend, payload, streamed, state, attempt == router.attempts - 1)
                 router.count("ok")
                 router.release(backend, ok=True)
                 return
@@ -242,7 +264,7 @@ class _Handler(BaseHTTPRequestHandler):
         again["max_tokens"] = max(1, int(request.get("max_tokens", 16)) - state["tokens"])
         return json.dumps(again).encode()
 
-    def _one(self, backend: Backend, payload: bytes, streamed: bool, state: dict[str, Any]) -> None:
+    def _one(self, backend: Backend, payload: bytes, streamed: bool, state: dict[str, Any], last: bool) -> None:
         router = self.router
         conn = http.client.HTTPConnection(backend.host, backend.port, timeout=router.connect_seconds)
         try:
@@ -270,42 +292,63 @@ class _Handler(BaseHTTPRequestHandler):
                 self.end_headers()
                 self.wfile.write(data)
                 return
-            self._relay(backend, response, state)
+            self._relay(backend, response, state, last)
         finally:
             conn.close()
 
-    def _relay(self, backend: Backend, response: http.client.HTTPResponse, state: dict[str, Any]) -> None:
-        """Forward a stream event by event, keeping the text so far (for a resume); a resumed stream's events
-        follow the ones already sent."""
-        if not state["sent_headers"]:
-            self.send_response(response.status)
-            self.send_header("content-type", response.getheader("content-type", "text/event-stream"))
-            self.send_header("transfer-encoding", "chunked")
-            self.end_headers()
-            state["sent_headers"] = True
+    def _relay(self, backend: Backend, response: http.client.HTTPResponse, state: dict[str, Any],
+               last: bool) -> None:
+        """Forward a stream event by event, keeping the text so far (for a resume). Until its first token of
+        text the events are held: a stream that ends with none (an empty 200, vllm-ascend #13165) is tried on
+        another replica, unless this is the last try. A resumed stream's events follow the ones sent."""
+        held: list[bytes] = []
+        speaking = state["tokens"] > 0  # a resume: the client has its stream already
         while True:
             try:
                 line = response.readline(1 << 20)
             except (OSError, http.client.HTTPException) as exc:
-                raise Broken(f"stream cut: {type(exc).__name__}: {exc}", True) from exc
+                raise Broken(f"stream cut: {type(exc).__name__}: {exc}", state["sent_headers"]) from exc
             if not line:
-                raise Broken("stream ended without [DONE]", True)
+                raise Broken("stream ended without [DONE]", state["sent_headers"])
             backend.last_byte_at = time.monotonic()
-            self._chunk(line)
             data = line.strip()
-            if data == b"data: [DONE]":
+            done = data == b"data: [DONE]"
+            if data.startswith(b"data:") and not done:
+                speaking = self._note(data, state) or speaking
+            if not speaking and not done:
+                held.append(line)
+                continue
+            if done and not speaking and not last:
+                raise Broken("an empty answer: [DONE] and no token of text", False)
+            if not state["sent_headers"]:
+                self.send_response(response.status)
+                self.send_header("content-type", response.getheader("content-type", "text/event-stream"))
+                self.send_header("transfer-encoding", "chunked")
+                self.end_headers()
+                state["sent_headers"] = True
+            for event in (*held, line):
+                self._chunk(event)
+            held = []
+            if done:
                 self.wfile.write(b"0\r\n\r\n")
                 self.wfile.flush()
+                self.close_connection = True  # one stream per connection, as the engines do
                 return
-            if data.startswith(b"data:"):
-                try:
-                    event = json.loads(data[5:])
-                except ValueError:
-                    continue
-                for choice in event.get("choices") or []:
-                    if choice.get("text"):
-                        state["text"] += choice["text"]
-                        state["tokens"] += 1
+
+    @staticmethod
+    def _note(data: bytes, state: dict[str, Any]) -> bool:
+        """The text of one event, kept for a resume; True when it carried some."""
+        try:
+            event = json.loads(data[5:])
+        except ValueError:
+            return False
+        spoke = False
+        for choice in event.get("choices") or [] if isinstance(event, dict) else []:
+            if isinstance(choice, dict) and choice.get("text"):
+                state["text"] += choice["text"]
+                state["tokens"] += 1
+                spoke = True
+        return spoke
 
     def _chunk(self, data: bytes) -> None:
         try:

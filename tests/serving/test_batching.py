@@ -1,7 +1,8 @@
 """The batching controller: AIMD on a serving job's batch limit against its SLO, on the job's real request
 signals through the app (SQLite and PostgreSQL). TPOT over its target cuts the limit by 0.7; requests waiting
-with TPOT headroom raise it by 2; a change waits out the cooldown; bounds hold; a dry run issues nothing;
-a change goes out as an `adjust` order the launcher reads, which a restart order does not supersede."""
+with TPOT headroom raise it by 2, or by the queue per replica (at most doubling); a change waits out the
+cooldown; bounds hold; a dry run issues nothing; a change goes out as an `adjust` order the launcher reads,
+which a restart order does not supersede."""
 
 from __future__ import annotations
 
@@ -51,8 +52,8 @@ def test_tpot_over_its_target_cuts_the_limit_and_the_cooldown_holds_the_next(job
     assert "TPOT p99 " in d.why and "(target 50 ms)" in d.why and d.why.endswith("TPOT over its target")
     assert issued == [(job.job, {"batch_limit": 22}, f"batch limit 32 → 22: {d.why}")]
     load(job, tpot=0.08, waiting=0)
-    assert ctl.tick(job.clock.time()) == [], "2 s later: within the 10 s cooldown"
-    for _ in range(5):
+    assert ctl.tick(job.clock.time()) == [], "2 s later: within the 5 s cooldown"
+    for _ in range(2):
         load(job, tpot=0.08, waiting=0, limit=22)
     [d] = ctl.tick(job.clock.time())
     assert (d.before, d.after) == (22, 15)
@@ -62,12 +63,22 @@ def test_requests_waiting_with_tpot_headroom_raise_it_up_to_the_bound(job: Servi
     issued: list[Any] = []
     ctl = controller(job, issued, max_limit=33, cooldown_seconds=0.0)
     load(job, tpot=0.02, waiting=12)
-    assert [(d.before, d.after) for d in ctl.tick(job.clock.time())] == [(32, 33)], "+2, capped at 33"
+    assert [(d.before, d.after) for d in ctl.tick(job.clock.time())] == [(32, 33)], "+6 (12 waiting, 2 replicas),\
+ capped at 33"
     load(job, tpot=0.02, waiting=12)
     assert ctl.tick(job.clock.time()) == [], "at the bound: nothing to change"
     load(job, tpot=0.045, waiting=12)  # under the target, over 0.8 × it: no headroom
     assert ctl.tick(job.clock.time()) == []
     assert len(issued) == 1
+
+
+def test_the_step_grows_with_the_queue_up_to_doubling(job: ServingDriver) -> None:
+    issued: list[Any] = []
+    ctl = controller(job, issued, cooldown_seconds=0.0)
+    load(job, tpot=0.02, waiting=2, limit=4)
+    assert [(d.before, d.after) for d in ctl.tick(job.clock.time())] == [(4, 6)], "1 per replica waiting: +2"
+    load(job, tpot=0.02, waiting=100, limit=6)
+    assert [(d.before, d.after) for d in ctl.tick(job.clock.time())] == [(6, 12)], "a long queue: at most doubled"
 
 
 def test_nothing_waiting_and_within_the_slo_leaves_it(job: ServingDriver) -> None:

@@ -174,3 +174,17 @@ def test_a_drained_replica_gets_nothing_new_and_its_requests_finish(router: Rout
     long.join()
     snap = settled(router)["replicas"]
     assert snap["r0"]["served"] == 1 and snap["r1"]["served"] == 1
+
+
+def test_an_empty_answer_is_tried_on_another_replica_and_comes_through_only_as_the_last(router: Router,
+                                                                                        replicas: Replicas) -> None:
+    add(router, "r0", replicas.start("r0"))
+    replicas.faults["r0"].write_text("empty")
+    status, body = complete(router, stream=True)
+    assert status == 200 and texts(body) == ([], True), "one replica: its empty answer is all there is"
+    add(router, "r1", replicas.start("r1"))  # r0 is still first: equally loaded, and added first
+    results = [complete(router, stream=True) for _ in range(4)]
+    assert all(s == 200 and len(texts(b)[0]) == 8 and texts(b)[1] for s, b in results), \
+        "each empty answer of r0 was tried again on r1, before the client saw a byte"
+    counts = settled(router)["counts"]
+    assert counts["retried"] >= 4 and counts["failed"] == 0

@@ -1,0 +1,192 @@
+"""Serving (issue 16): adaptive batching against fixed batch limits under a 3x spike, replica failover, and
+detection of a frozen and an empty-answering replica.
+
+Every request is timed by the benchmark's own client (sentinel/demo/load.py), never by Sentinel. The engine
+is the project's own (sentinel/demo/engine.py: continuous batching over a timed decode loop — a step takes
+10 ms + 2 ms per request in the batch + 0.2 ms per prompt token admitted — not a model): vLLM on two CPU
+cores is too slow to show a spike (ENVIRONMENT.md). A request is within the SLO when its TTFT ≤ 0.5 s and its
+TPOT ((end − first token) ÷ (tokens − 1)) ≤ 50 ms, as the client saw them, and it came to its [DONE].
+
+batching: one replica behind the router, in this process; the load is 2.5 requests/s of 48 tokens, 3x for
+the middle third. Each fixed limit of `--limits` runs, then the controller (sentinel/serving/batching.py, fed
+the replica's SDK sums each second as the server would be), starting from the smallest limit. Baseline in the
+same run: the best fixed limit (highest SLO attainment during the spike, then throughput). The ratio is the
+controller's spike attainment and its throughput outside the spike against that limit's.
+
+failover, detection: `sentinel demo --serving`'s whole stack per round (a server on SQLite, two agents, the
+launcher with the router and two replicas, the client load): replica r1 freezes mid-stream (`freeze`) or
+answers 200 with no token (`empty`); fault → incident open, fault → the replacement serving (the order's
+completed_at), and the client's requests that failed between the fault and the cut-over. Detector options
+are the defaults (a stall is one after 10 s) unless `--stall-seconds` says otherwise.
+
+    PYTHONPATH=. .venv/bin/python benchmarks/serving.py --part batching [--phase-seconds 20]
+    PYTHONPATH=. .venv/bin/python benchmarks/serving.py --part failover --rounds 3 [--stall-seconds 3]
+"""
+
+from __future__ import annotations
+
+import argparse
+import io
+import statistics
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from rich.console import Console  # noqa: E402
+from support import free_port, load, say  # noqa: E402
+
+from sentinel.demo.engine import Engine, serve  # noqa: E402
+from sentinel.demo.load import Answer, Load  # noqa: E402
+from sentinel.sdk.serving import Requests  # noqa: E402
+from sentinel.serving.batching import BatchingController, Limits  # noqa: E402
+from sentinel.serving.router import Router  # noqa: E402
+from sentinel.serving.signals import ServingView, Slo  # noqa: E402
+from sentinel.telemetry.serving import ServingStats  # noqa: E402
+
+TTFT, TPOT = 0.5, 0.05
+NORMAL_RATE = 2.0
+
+
+def within(a: Answer) -> bool:
+    if not a.ok or a.ttft is None or a.ttft > TTFT:
+        return False
+    return a.tokens <= 1 or (a.seconds - a.ttft) / (a.tokens - 1) <= TPOT
+
+
+def one_run(limit: int, adaptive: bool, phase: float) -> dict[str, Any]:
+    requests = Requests(replica="r0")
+    engine = Engine(max_batch=limit, requests=requests)
+    httpd = serve(engine, "127.0.0.1", 0)
+    router = Router(queue_seconds=60.0, read_seconds=30.0)  # the engine limits itself and reports its queue
+    router.wait_ready(router.add("r0", int(httpd.server_address[1])), timeout=5)
+    view = ServingView(window_seconds=60.0)
+    view.set_slo(1, Slo(TTFT, TPOT))
+    changes: list[tuple[float, int, int]] = []
+
+    def apply(job_id: int, params: dict[str, int], reason: str) -> str:  # as the launcher does for this engine
+        with engine.wake:
+            engine.max_batch = params["batch_limit"]
+        changes.append((time.time(), limit if not changes else changes[-1][2], params["batch_limit"]))
+        return "applied"
+
+    controller = BatchingController(view, apply, limits=Limits(cooldown_seconds=5.0, window_seconds=10.0))
+    stop = threading.Event()
+
+    def feed() -> None:  # the agent and the server, in one: the replica's sums each second into the view
+        ticks = 0
+        while not stop.wait(1.0):
+            view.add("bench", 1, 0, ServingStats(**requests.take()), time.time())
+            ticks += 1
+            if adaptive and ticks % 2 == 0:
+                controller.tick(time.time())
+
+    threading.Thread(target=feed, daemon=True).start()
+    client = Load("127.0.0.1", router.httpd.server_address[1], rate=NORMAL_RATE, max_tokens=48)
+    start = time.time()
+    client.start()
+    time.sleep(phase)
+    client.rate = 3 * NORMAL_RATE
+    spike = time.time()
+    time.sleep(phase)
+    client.rate = NORMAL_RATE
+    calm = time.time()
+    time.sleep(phase)
+    end = time.time()
+    client.stop(wait=60)
+    stop.set()
+    router.close()
+    httpd.shutdown()
+    httpd.server_close()
+    outside = client.between(start, spike) + client.between(calm, end)
+    during = client.between(spike, calm)
+    return {"limit": limit, "adaptive": adaptive,
+            "spike_attainment": sum(map(within, during)) / max(len(during), 1), "spike_requests": len(during),
+            "outside_attainment": sum(map(within, outside)) / max(len(outside), 1),
+            "outside_throughput": sum(a.ok for a in outside) / (2 * phase),
+            "final_limit": changes[-1][2] if changes else limit, "changes": len(changes)}
+
+
+def batching(args: argparse.Namespace) -> None:
+    limits = sorted(int(x) for x in args.limits.split(","))
+    say(f"batching: one replica, {NORMAL_RATE:g} req/s, 3x for {args.phase_seconds:g} s in the middle; SLO TTFT "
+        f"{TTFT * 1000:.0f} ms, TPOT {TPOT * 1000:.0f} ms; load {load()}")
+    runs = []
+    for limit in limits:
+        runs.append(one_run(limit, False, args.phase_seconds))
+        say(row(runs[-1]))
+    runs.append(one_run(limits[0], True, args.phase_seconds))
+    say(row(runs[-1]))
+    fixed = [r for r in runs if not r["adaptive"]]
+    best = max(fixed, key=lambda r: (r["spike_attainment"], r["outside_throughput"]))
+    mine = runs[-1]
+    say(f"best fixed limit: {best['limit']} (spike attainment {best['spike_attainment']:.3f})")
+    say(f"controller vs best fixed: spike attainment {mine['spike_attainment']:.3f} vs {best['spike_attainment']:.3f}"
+        f" (target >= 0.99: {'met' if mine['spike_attainment'] >= 0.99 else 'MISSED'}); throughput outside the "
+        f"spike {mine['outside_throughput'] / max(best['outside_throughput'], 1e-9):.3f}x (target >= 0.95: "
+        f"{'met' if mine['outside_throughput'] >= 0.95 * best['outside_throughput'] else 'MISSED'})")
+
+
+def row(r: dict[str, Any]) -> str:
+    who = f"controller from {r['limit']} (ended at {r['final_limit']}, {r['changes']} changes)" if r["adaptive"] \
+        else f"fixed limit {r['limit']}"
+    return (f"  {who:48} spike: {r['spike_attainment']:.3f} within SLO of {r['spike_requests']}; outside: "
+            f"{r['outside_attainment']:.3f} within, {r['outside_throughput']:.2f} ok/s")
+
+
+def failover(args: argparse.Namespace) -> None:
+    from sentinel.demo.serving import ServingDemo
+
+    options = {"serving_stall": {"stall_seconds": args.stall_seconds}} if args.stall_seconds else {}
+    say(f"failover: `sentinel demo --serving` per round; detector options {options or 'defaults'}; load {load()}")
+    results: dict[str, list[dict[str, Any]]] = {}
+    for fault in args.faults.split(","):
+        for n in range(args.rounds):
+            with tempfile.TemporaryDirectory(prefix="sentinel-bench-serving-") as tmp:
+                demo = ServingDemo(data_dir=Path(tmp), port=free_port(), fault=(fault, None),
+                                   console=Console(file=io.StringIO(), width=100), detector_options=options)
+                try:
+                    figures = demo.run()
+                finally:
+                    demo.stop()
+            cut = figures["client_fault_to_cutover"]
+            results.setdefault(fault, []).append(figures)
+            say(f"  {fault} round {n + 1}: fault → incident {figures['injected_to_open_seconds']:.2f} s, → serving "
+                f"again {figures['injected_to_serving_seconds']:.2f} s; client requests failed fault → cut-over: "
+                f"{cut['failed']} of {cut['requests']}; {figures['order_result'][:160]}")
+    for fault, rounds in results.items():
+        opened = [r["injected_to_open_seconds"] for r in rounds]
+        served = [r["injected_to_serving_seconds"] for r in rounds]
+        failed = sum(r["client_fault_to_cutover"]["failed"] for r in rounds)
+        sent = sum(r["client_fault_to_cutover"]["requests"] for r in rounds)
+        say(f"{fault}: fault → incident median {statistics.median(opened):.2f} s (range {min(opened):.2f}–"
+            f"{max(opened):.2f}); fault → serving again median {statistics.median(served):.2f} s (range "
+            f"{min(served):.2f}–{max(served):.2f}; target < 5 s: "
+            f"{'met' if statistics.median(served) < 5 else 'MISSED'}); failed {failed} of {sent} client requests "
+            f"between fault and cut-over ({100 * failed / max(sent, 1):.1f} %, target <= 1 %)")
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--part", choices=["batching", "failover", "all"], default="all")
+    parser.add_argument("--limits", default="4,8,16,64", help="the fixed batch limits to run (the controller "
+                        "starts from the smallest)")
+    parser.add_argument("--phase-seconds", type=float, default=20.0)
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--faults", default="freeze,empty")
+    parser.add_argument("--stall-seconds", type=float, default=None)
+    args = parser.parse_args()
+    if args.part in ("batching", "all"):
+        batching(args)
+    if args.part in ("failover", "all"):
+        failover(args)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
