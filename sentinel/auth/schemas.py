@@ -19,8 +19,9 @@ class TokenCreate(BaseModel):
     expires_at: IsoDateTime | None = None
     node: Annotated[NodeBinding | None, Field(
         description="agent tokens: the node (name or glob) to act for; unset: bound by its first registration")] = None
-    rate_limit_per_second: Annotated[float | None, Field(
-        ge=0, description="requests per second for this token (0: unlimited); unset: the server's default")] = None
+    rate_limit_per_second: Annotated[float | None, Field(  # strict: `false` is no rate (lax pydantic made it 0)
+        ge=0, strict=True, description="requests per second for this token (0: unlimited); unset: the server's "
+        "default")] = None
 
 
 class TokenCreated(BaseModel):

@@ -70,3 +70,12 @@ def test_the_bucket_refills_at_its_rate():
     assert refused.value.retry_after_seconds == pytest.approx(0.5)
     limiter.take(7, role="launcher", now=100.5, rate=2.0, burst=5.0)
     assert limiter.snapshot() == {"launcher": 1}
+
+
+def test_a_rate_that_is_not_a_number_is_refused(limited):
+    """`false` is no rate: lax parsing had made it 0, an unlimited token (found by the schema fuzzer)."""
+    admin = limited.app.state.runtime.settings.admin_token_file.read_text().strip()
+    for bad in (False, True, "10"):
+        response = limited.post("/api/v1/tokens", json={"name": "x", "role": "viewer", "rate_limit_per_second": bad},
+                                headers=bearer(admin))
+        assert response.status_code == 422 and "rate_limit_per_second" in response.text, (bad, response.text)
