@@ -209,20 +209,21 @@ class Demo:
                 say(f"   [dim]{heading}:[/] {body}")
         return incident, injected, before
 
-    def _follow_timeline(self, incident: dict[str, Any]) -> None:
-        """6. The incident's timeline as it happens, until the job steps again."""
-        self.console.print("[bold]6. What Sentinel did[/] (the incident's timeline, as it happens)")
+    def _follow_timeline(self, incident: dict[str, Any], chapter: str = "6", until: str = "stepping again",
+                         timeout: float = 180.0) -> None:
+        """The incident's timeline as it happens, until a line says `until` (the job steps or serves again)."""
+        self.console.print(f"[bold]{chapter}. What Sentinel did[/] (the incident's timeline, as it happens)")
         shown = 0
-        deadline = time.monotonic() + 180
+        deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             actions = self.api("GET", f"/incidents/{incident['id']}")["actions"]
             for action in actions[shown:]:
                 self.console.print(f"   {action['at'][11:23]}  {action['text']}")
             shown = len(actions)
-            if any("stepping again" in a["text"] for a in actions):
+            if any(until in a["text"] for a in actions):
                 return
             time.sleep(0.3)
-        raise DemoError(f"the job did not step again within 180 s; logs in {self.data_dir}")
+        raise DemoError(f"the job was not {until} within {timeout:.0f} s; logs in {self.data_dir}")
 
     def _stepping_again(self, job_id: int, out: Path, incident: dict[str, Any], injected: float,
                         before: int) -> dict[str, Any]:

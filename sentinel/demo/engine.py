@@ -28,7 +28,7 @@ from collections import deque
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
-from sentinel.serving.router import QuietServer
+from sentinel.serving.router import QuietServer, send_json
 
 MODEL = "sentinel-demo-engine"
 FAULTS = ("empty", "freeze", "truncate", "exit0", "crash")
@@ -129,12 +129,7 @@ class Handler(BaseHTTPRequestHandler):
         pass
 
     def _json(self, status: int, body: dict[str, Any]) -> None:
-        data = json.dumps(body).encode()
-        self.send_response(status)
-        self.send_header("content-type", "application/json")
-        self.send_header("content-length", str(len(data)))
-        self.end_headers()
-        self.wfile.write(data)
+        send_json(self, status, body)
 
     def do_GET(self) -> None:
         if self.path == "/v1/models":

@@ -22,7 +22,7 @@ from typing import Any
 
 from rich.table import Table
 
-from sentinel.demo.demo import WIDTH, Demo, DemoError, _sentinel
+from sentinel.demo.demo import WIDTH, Demo, _sentinel
 from sentinel.demo.load import Load, summary
 
 SERVING_FAULTS = {"freeze": "serving_stall", "empty": "bad_completion", "exit0": "task_exit"}
@@ -43,7 +43,7 @@ class ServingDemo(Demo):
         job_id, load = self._start_job(env, launcher_token)
         try:
             incident, injected = self._inject(job_id)
-            self._follow(incident)
+            self._follow_timeline(incident, chapter="7", until="serving again", timeout=120.0)
             time.sleep(8)  # the client's view of the minutes after the cut-over
         finally:
             load.stop()
@@ -126,21 +126,6 @@ class ServingDemo(Demo):
             if body:
                 say(f"   [dim]{heading}:[/] {body}")
         return incident, injected
-
-    def _follow(self, incident: dict[str, Any]) -> None:
-        """7. What Sentinel did, until the replacement serves."""
-        self.console.print("[bold]7. What Sentinel did[/] (the incident's timeline, as it happens)")
-        shown = 0
-        deadline = time.monotonic() + 120
-        while time.monotonic() < deadline:
-            actions = self.api("GET", f"/incidents/{incident['id']}")["actions"]
-            for action in actions[shown:]:
-                self.console.print(f"   {action['at'][11:23]}  {action['text']}")
-            shown = len(actions)
-            if any("serving again" in a["text"] for a in actions):
-                return
-            time.sleep(0.3)
-        raise DemoError(f"the replica was not replaced within 120 s; logs in {self.data_dir}")
 
     def _figures(self, job_id: int, incident: dict[str, Any], injected: float, load: Load) -> dict[str, Any]:
         order = next(o for o in self.api("GET", f"/jobs/{job_id}/orders", state="all")

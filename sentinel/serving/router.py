@@ -61,6 +61,16 @@ class QuietServer(ThreadingHTTPServer):
             log.exception("request from %s failed", client_address)
 
 
+def send_json(handler: BaseHTTPRequestHandler, status: int, body: dict[str, Any]) -> None:
+    """A whole JSON answer on an http.server handler (the router's, the demo engine's)."""
+    data = json.dumps(body).encode()
+    handler.send_response(status)
+    handler.send_header("content-type", "application/json")
+    handler.send_header("content-length", str(len(data)))
+    handler.end_headers()
+    handler.wfile.write(data)
+
+
 class Broken(Exception):
     """The replica failed a request; `sent` says whether the client has had bytes of the answer."""
 
@@ -195,12 +205,7 @@ class _Handler(BaseHTTPRequestHandler):
         pass
 
     def _answer(self, status: int, body: dict[str, Any]) -> None:
-        data = json.dumps(body).encode()
-        self.send_response(status)
-        self.send_header("content-type", "application/json")
-        self.send_header("content-length", str(len(data)))
-        self.end_headers()
-        self.wfile.write(data)
+        send_json(self, status, body)
 
     def do_GET(self) -> None:
         if self.path == "/sentinel/router":

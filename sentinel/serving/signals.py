@@ -187,6 +187,12 @@ class ServingView:
                     return max(r.running or 0, 1 if r.oldest_inflight_seconds else 0)
         return 0
 
+    def fresh(self, now: float, seconds: float) -> list[tuple[int, ReplicaStats]]:
+        """(job, replica) for every replica that reported within `seconds`: what a detector may judge (one
+        silent longer is the heartbeat detector's)."""
+        return [(job_id, r) for job_id in self.job_ids() for r in self.replicas(job_id, now)
+                if now - r.last_seen <= seconds]
+
     def totals(self, job_id: int) -> tuple[int, dict[str, int]]:
         """Requests finished and failed (by reason) since this server took the lead, across replicas."""
         with self._lock:

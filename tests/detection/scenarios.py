@@ -433,21 +433,31 @@ def lemon_ages_out() -> Outcome:
     return world, detector, [*stream, (8 * 86400.0, world.evaluate(detector))]
 
 
-def serving_stall(replicas: tuple[str, ...] = ("d1",), freeze_at: float = 60.0, seconds: float = 120.0,
-                  resume_at: float | None = None, running: int = 4) -> Outcome:
-    """A serving job's decode replicas report every 10 s; `replicas` freeze mid-stream at `freeze_at` (requests in
-    flight, no token since), and come back at `resume_at`. Replica d0 stays healthy throughout."""
+Serve = Callable[[World, float, int, str, bool], None]
+
+
+def replica_drill(detector_class: type[Detector], replicas: tuple[str, ...], bad_at: float, good_at: float | None,
+                  seconds: float, serve: Serve) -> Outcome:
+    """A serving job's decode replicas on one node report every 10 s: d0, healthy throughout, and `replicas`,
+    bad from `bad_at` until `good_at`; `serve(world, t, rank, name, bad)` sends one replica's interval."""
     world = World()
     world.add_node("node-s", accelerators=len(replicas) + 1)
-    detector = ServingStall(world.settings)
+    detector = detector_class(world.settings)
     names = ("d0", *replicas)
 
     def tick(t: float) -> None:
         for rank, name in enumerate(names):
-            frozen = name != "d0" and t >= freeze_at and (resume_at is None or t < resume_at)
-            world.serve("node-s", 9, rank, name, frozen=frozen, running=running)
+            serve(world, t, rank, name, name != "d0" and t >= bad_at and (good_at is None or t < good_at))
 
     return world, detector, run(world, detector, seconds, tick)
+
+
+def serving_stall(replicas: tuple[str, ...] = ("d1",), freeze_at: float = 60.0, seconds: float = 120.0,
+                  resume_at: float | None = None, running: int = 4) -> Outcome:
+    """`replicas` freeze mid-stream at `freeze_at` (requests in flight, no token since), and come back at
+    `resume_at`."""
+    return replica_drill(ServingStall, replicas, freeze_at, resume_at, seconds, lambda world, t, rank, name, bad:
+                         world.serve("node-s", 9, rank, name, frozen=bad, running=running))
 
 
 def slo_burn(failing: tuple[int, ...] = (9,), fail_at: float = 600.0, seconds: float = 900.0,
@@ -468,57 +478,27 @@ def slo_burn(failing: tuple[int, ...] = (9,), fail_at: float = 600.0, seconds: f
 
 def bad_completion(replicas: tuple[str, ...] = ("d1",), bad_at: float = 60.0, seconds: float = 120.0,
                    fixed_at: float | None = None, canary: str = "empty", every: float = 10.0) -> Outcome:
-    """A serving job's decode replicas report every 10 s, each with a canary result every `every` s; from
-    `bad_at` the canary of `replicas` comes back `canary` (empty, truncated, timeout, error), until `fixed_at`.
-    Replica d0 stays healthy throughout."""
-    world = World()
-    world.add_node("node-s", accelerators=len(replicas) + 1)
-    detector = BadCompletion(world.settings)
-    names = ("d0", *replicas)
-
-    def tick(t: float) -> None:
-        for rank, name in enumerate(names):
-            bad = name != "d0" and t >= bad_at and (fixed_at is None or t < fixed_at)
-            probed = round(t) % round(every) == 0
-            world.serve("node-s", 9, rank, name, running=2, canary=(canary if bad else "ok") if probed else None)
-
-    return world, detector, run(world, detector, seconds, tick)
+    """Each replica with a canary result every `every` s; from `bad_at` the canary of `replicas` comes back
+    `canary` (empty, truncated, timeout, error), until `fixed_at`."""
+    return replica_drill(BadCompletion, replicas, bad_at, fixed_at, seconds, lambda world, t, rank, name, bad:
+                         world.serve("node-s", 9, rank, name, running=2, canary=(canary if bad else "ok")
+                                     if round(t) % round(every) == 0 else None))
 
 
 def kv_transfer(replicas: tuple[str, ...] = ("d1",), slow_at: float = 900.0, seconds: float = 1200.0,
                 fixed_at: float | None = None, share: float = 0.31, failures: int = 0) -> Outcome:
-    """A disaggregated serving job's decode replicas report every 10 s, a KV transfer taking 0.8% of each
-    request's 100 ms first token; from `slow_at` that of `replicas` takes `share` (and `failures` fail per
-    interval), until `fixed_at`. Replica d0 stays healthy throughout."""
-    world = World()
-    world.add_node("node-s", accelerators=len(replicas) + 1)
-    detector = KvTransfer(world.settings)
-    names = ("d0", *replicas)
-
-    def tick(t: float) -> None:
-        for rank, name in enumerate(names):
-            bad = name != "d0" and t >= slow_at and (fixed_at is None or t < fixed_at)
-            world.serve("node-s", 9, rank, name, running=2, kv_seconds=0.1 * (share if bad and not failures
-                                                                               else 0.008),
-                        kv_failures=failures if bad else 0)
-
-    return world, detector, run(world, detector, seconds, tick)
+    """Disaggregated: a KV transfer takes 0.8% of each request's 100 ms first token; from `slow_at` that of
+    `replicas` takes `share` (and `failures` fail per interval), until `fixed_at`."""
+    return replica_drill(KvTransfer, replicas, slow_at, fixed_at, seconds, lambda world, t, rank, name, bad:
+                         world.serve("node-s", 9, rank, name, running=2,
+                                     kv_seconds=0.1 * (share if bad and not failures else 0.008),
+                                     kv_failures=failures if bad else 0))
 
 
 def queue_growth(replicas: tuple[str, ...] = ("d1",), grow_at: float = 60.0, seconds: float = 240.0,
                  fixed_at: float | None = None, per_report: int = 5) -> Outcome:
-    """A serving job's decode replicas report every 10 s with 2 requests waiting; from `grow_at` the queue of
-    `replicas` grows by `per_report` each report, until `fixed_at`, when it drains back to 2."""
-    world = World()
-    world.add_node("node-s", accelerators=len(replicas) + 1)
-    detector = QueueGrowth(world.settings)
-    names = ("d0", *replicas)
-
-    def tick(t: float) -> None:
-        for rank, name in enumerate(names):
-            bad = name != "d0" and t >= grow_at and (fixed_at is None or t < fixed_at)
-            waiting = 2 + per_report * round((t - grow_at) / 10 + 1) if bad else 2
-            world.serve("node-s", 9, rank, name, running=32, waiting=waiting)
-
-    return world, detector, run(world, detector, seconds, tick)
-
+    """2 requests waiting; from `grow_at` the queue of `replicas` grows by `per_report` each report, until
+    `fixed_at`, when it drains back to 2."""
+    return replica_drill(QueueGrowth, replicas, grow_at, fixed_at, seconds, lambda world, t, rank, name, bad:
+                         world.serve("node-s", 9, rank, name, running=32,
+                                     waiting=2 + per_report * round((t - grow_at) / 10 + 1) if bad else 2))

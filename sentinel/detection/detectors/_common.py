@@ -140,3 +140,10 @@ def gib(value: float) -> str:
 
 def minutes(seconds: float) -> str:
     return f"{seconds / 60:.0f} min" if seconds >= 120 else f"{seconds:.0f} s"
+
+
+def prune(state: dict[Any, Any], seen: set[Any]) -> None:
+    """Forget the state of subjects not seen in this evaluation (replaced, stopped, silent)."""
+    for key in [k for k in state if k not in seen]:
+        del state[key]
+

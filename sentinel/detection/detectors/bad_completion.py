@@ -17,7 +17,7 @@ from collections import deque
 from typing import TYPE_CHECKING
 
 from sentinel.detection.base import DetectionContext, Detector, Evaluation, register
-from sentinel.detection.detectors._common import Onsets
+from sentinel.detection.detectors._common import Onsets, prune
 from sentinel.incidents.findings import Finding, Subject
 
 if TYPE_CHECKING:
@@ -59,30 +59,26 @@ class BadCompletion(Detector):
         findings: list[Finding] = []
         subjects = 0
         seen: set[tuple[int, str]] = set()
-        for job_id in view.job_ids():
-            for r in view.replicas(job_id, now):
-                if now - r.last_seen > fresh:
-                    continue
-                subjects += 1
-                key = (job_id, r.replica)
-                seen.add(key)
-                canaries = list(r.canaries)
-                if canaries:
-                    points = self.points.setdefault(key, deque(maxlen=WINDOW_POINTS))
-                    if not points or points[-1][0] != canaries[-1].at:
-                        points.append((canaries[-1].at, 1.0 if canaries[-1].ok else 0.0))
-                window = view.window(job_id, r.replica, now)
-                bad_canary = self._bad_canary(canaries)
-                bad_requests = self._bad_requests(window)
-                if bad_canary is None and not bad_requests:
-                    continue
-                fingerprint_key = f"job={job_id}|replica={r.replica}"
-                onset = self.onsets.hold(fingerprint_key, now)
-                findings.append(self._finding(job_id, r, now, onset, bad_canary, window, bad_requests,
-                                              view.window_seconds, fingerprint_key))
+        for job_id, r in view.fresh(now, fresh):
+            subjects += 1
+            key = (job_id, r.replica)
+            seen.add(key)
+            canaries = list(r.canaries)
+            if canaries:
+                points = self.points.setdefault(key, deque(maxlen=WINDOW_POINTS))
+                if not points or points[-1][0] != canaries[-1].at:
+                    points.append((canaries[-1].at, 1.0 if canaries[-1].ok else 0.0))
+            window = view.window(job_id, r.replica, now)
+            bad_canary = self._bad_canary(canaries)
+            bad_requests = self._bad_requests(window)
+            if bad_canary is None and not bad_requests:
+                continue
+            fingerprint_key = f"job={job_id}|replica={r.replica}"
+            onset = self.onsets.hold(fingerprint_key, now)
+            findings.append(self._finding(job_id, r, now, onset, bad_canary, window, bad_requests,
+                                          view.window_seconds, fingerprint_key))
         self.onsets.sweep()
-        for key in [k for k in self.points if k not in seen]:
-            del self.points[key]
+        prune(self.points, seen)
         self.active = {f.fingerprint for f in findings}
         return Evaluation(findings, subjects)
 

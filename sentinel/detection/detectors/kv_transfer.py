@@ -13,7 +13,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from sentinel.detection.base import DetectionContext, Detector, Evaluation, register
-from sentinel.detection.detectors._common import JobBaseline, Onsets
+from sentinel.detection.detectors._common import JobBaseline, Onsets, prune
 from sentinel.incidents.findings import Finding, Subject
 
 if TYPE_CHECKING:
@@ -54,28 +54,24 @@ class KvTransfer(Detector):
         findings: list[Finding] = []
         subjects = 0
         seen: set[tuple[int, str]] = set()
-        for job_id in view.job_ids():
-            for r in view.replicas(job_id, now):
-                if now - r.last_seen > self.option("fresh_seconds", 30.0):
-                    continue
-                window = view.window(job_id, r.replica, now)
-                first_tokens = sum(window.histograms.get("ttft", {}).values())
-                failures = max(window.kv_transfer_failures, window.failed.get("kv_transfer", 0))
-                if failures == 0 and "kv_transfer" not in window.sums:
-                    continue  # no KV transfers here: not a disaggregated replica
-                subjects += 1
-                key = (job_id, r.replica)
-                seen.add(key)
-                share = self._share(window) if first_tokens >= self.option("min_requests", 20) else None
-                history = self.history.setdefault(key, JobBaseline(SAMPLE_SECONDS, KEEP_SECONDS))
-                finding, held = self._judge(job_id, r, window, share, failures, now, view.window_seconds)
-                if share is not None:  # a point taken while the condition holds never enters the baseline
-                    history.record(now, {"share": share}, held=held)
-                if finding is not None:
-                    findings.append(finding)
+        for job_id, r in view.fresh(now, self.option("fresh_seconds", 30.0)):
+            window = view.window(job_id, r.replica, now)
+            first_tokens = sum(window.histograms.get("ttft", {}).values())
+            failures = max(window.kv_transfer_failures, window.failed.get("kv_transfer", 0))
+            if failures == 0 and "kv_transfer" not in window.sums:
+                continue  # no KV transfers here: not a disaggregated replica
+            subjects += 1
+            key = (job_id, r.replica)
+            seen.add(key)
+            share = self._share(window) if first_tokens >= self.option("min_requests", 20) else None
+            history = self.history.setdefault(key, JobBaseline(SAMPLE_SECONDS, KEEP_SECONDS))
+            finding, held = self._judge(job_id, r, window, share, failures, now, view.window_seconds)
+            if share is not None:  # a point taken while the condition holds never enters the baseline
+                history.record(now, {"share": share}, held=held)
+            if finding is not None:
+                findings.append(finding)
         self.onsets.sweep()
-        for key in [k for k in self.history if k not in seen]:
-            del self.history[key]
+        prune(self.history, seen)
         self.active = {f.fingerprint for f in findings}
         return Evaluation(findings, subjects)
 

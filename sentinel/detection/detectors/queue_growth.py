@@ -13,7 +13,7 @@ from collections import deque
 from typing import TYPE_CHECKING
 
 from sentinel.detection.base import DetectionContext, Detector, Evaluation, register
-from sentinel.detection.detectors._common import Onsets, evidence_window
+from sentinel.detection.detectors._common import Onsets, evidence_window, prune
 from sentinel.incidents.findings import Finding, Subject
 
 if TYPE_CHECKING:
@@ -57,29 +57,27 @@ class QueueGrowth(Detector):
         findings: list[Finding] = []
         subjects = 0
         seen: set[tuple[int, str]] = set()
-        for job_id in view.job_ids():
-            for r in view.replicas(job_id, now):
-                if now - r.last_seen > self.option("fresh_seconds", 30.0) or r.waiting is None:
-                    continue
-                subjects += 1
-                key = (job_id, r.replica)
-                seen.add(key)
-                points = self.points.setdefault(key, deque())
-                if not points or points[-1][0] != r.last_seen:
-                    points.append((r.last_seen, float(r.waiting), r.requests_total))
-                while points and points[0][0] < now - span:
-                    points.popleft()
-                rate = slope(list(points)) if len(points) >= self.option("min_points", 6) else 0.0
-                first, last = points[0], points[-1]
-                if not (rate >= self.option("min_slope", 0.1) and last[1] >= self.option("min_waiting", 16)
-                        and last[1] >= 2 * first[1]):
-                    continue
-                fingerprint_key = f"job={job_id}|replica={r.replica}"
-                onset = self.onsets.hold(fingerprint_key, now)
-                findings.append(self._finding(job_id, r, list(points), rate, now, onset, fingerprint_key))
+        for job_id, r in view.fresh(now, self.option("fresh_seconds", 30.0)):
+            if r.waiting is None:
+                continue
+            subjects += 1
+            key = (job_id, r.replica)
+            seen.add(key)
+            points = self.points.setdefault(key, deque())
+            if not points or points[-1][0] != r.last_seen:
+                points.append((r.last_seen, float(r.waiting), r.requests_total))
+            while points and points[0][0] < now - span:
+                points.popleft()
+            rate = slope(list(points)) if len(points) >= self.option("min_points", 6) else 0.0
+            first, last = points[0], points[-1]
+            if not (rate >= self.option("min_slope", 0.1) and last[1] >= self.option("min_waiting", 16)
+                    and last[1] >= 2 * first[1]):
+                continue
+            fingerprint_key = f"job={job_id}|replica={r.replica}"
+            onset = self.onsets.hold(fingerprint_key, now)
+            findings.append(self._finding(job_id, r, list(points), rate, now, onset, fingerprint_key))
         self.onsets.sweep()
-        for key in [k for k in self.points if k not in seen]:
-            del self.points[key]
+        prune(self.points, seen)
         self.active = {f.fingerprint for f in findings}
         return Evaluation(findings, subjects)
 

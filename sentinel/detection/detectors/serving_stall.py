@@ -16,7 +16,7 @@ from collections import deque
 from typing import TYPE_CHECKING
 
 from sentinel.detection.base import DetectionContext, Detector, Evaluation, register
-from sentinel.detection.detectors._common import Onsets
+from sentinel.detection.detectors._common import Onsets, prune
 from sentinel.incidents.findings import Finding, Subject
 from sentinel.sdk import buckets
 
@@ -53,29 +53,25 @@ class ServingStall(Detector):
         findings: list[Finding] = []
         subjects = 0
         seen: set[tuple[int, str]] = set()
-        for job_id in view.job_ids():
-            for r in view.replicas(job_id, now):
-                if now - r.last_seen > fresh:
-                    continue
-                subjects += 1
-                key = (job_id, r.replica)
-                seen.add(key)
-                quiet = self._quiet(r, now)
-                points = self.points.setdefault(key, deque(maxlen=WINDOW_POINTS))
-                points.append((now, quiet if quiet is not None else 0.0))
-                in_flight = (r.running or 0) > 0 or (r.oldest_inflight_seconds or 0.0) > 0
-                oldest = r.oldest_inflight_seconds or 0.0
-                stalled = in_flight and quiet is not None and quiet >= stall
-                overdue = in_flight and oldest >= deadline
-                if not (stalled or overdue):
-                    continue
-                fingerprint_key = f"job={job_id}|replica={r.replica}"
-                onset = self.onsets.hold(fingerprint_key, now)
-                findings.append(self._finding(ctx, job_id, r, now, onset, quiet, oldest, stall, deadline, stalled,
-                                              fingerprint_key))
+        for job_id, r in view.fresh(now, fresh):
+            subjects += 1
+            key = (job_id, r.replica)
+            seen.add(key)
+            quiet = self._quiet(r, now)
+            points = self.points.setdefault(key, deque(maxlen=WINDOW_POINTS))
+            points.append((now, quiet if quiet is not None else 0.0))
+            in_flight = (r.running or 0) > 0 or (r.oldest_inflight_seconds or 0.0) > 0
+            oldest = r.oldest_inflight_seconds or 0.0
+            stalled = in_flight and quiet is not None and quiet >= stall
+            overdue = in_flight and oldest >= deadline
+            if not (stalled or overdue):
+                continue
+            fingerprint_key = f"job={job_id}|replica={r.replica}"
+            onset = self.onsets.hold(fingerprint_key, now)
+            findings.append(self._finding(ctx, job_id, r, now, onset, quiet, oldest, stall, deadline, stalled,
+                                          fingerprint_key))
         self.onsets.sweep()
-        for key in [k for k in self.points if k not in seen]:
-            del self.points[key]
+        prune(self.points, seen)
         self.active = {f.fingerprint for f in findings}
         return Evaluation(findings, subjects)
 

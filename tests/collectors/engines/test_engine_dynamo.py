@@ -7,36 +7,16 @@ one for model B, which failed.
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 
-from collectors.engines import EngineScraper
 from sentinel.sdk.buckets import bucket
 from sentinel.telemetry.serving import ServingStats
-
-FIXTURES = Path(__file__).parent / "fixtures"
-
-
-def page(name: str) -> str:
-    return (FIXTURES / name).read_text()
-
-
-def interval(before: str, after: str) -> ServingStats:
-    scraper = EngineScraper("dynamo", "http://unused")
-    assert scraper.from_text(before, now=1.0) is not None, scraper.last_error
-    stats = scraper.from_text(after, now=2.0)
-    assert stats is not None, scraper.last_error
-    return stats
-
-
-def without(text: str, metric: str) -> str:
-    return "\n".join(line for line in text.splitlines() if metric not in line) + "\n"
+from tests.collectors.engines.pages import interval, page, without
 
 
 @pytest.fixture(scope="module")
 def stats() -> ServingStats:
-    return interval(page("dynamo_before.txt"), page("dynamo_after.txt"))
+    return interval("dynamo", page("dynamo_before.txt"), page("dynamo_after.txt"))
 
 
 def test_histograms_add_up_across_models(stats: ServingStats) -> None:
@@ -60,7 +40,7 @@ def test_tokens_are_counted_once(stats: ServingStats) -> None:
 
 
 def test_without_the_output_counter_the_sequence_histogram_counts_the_tokens() -> None:
-    stats = interval(*(without(page(n), "dynamo_frontend_output_tokens_total")
+    stats = interval("dynamo", *(without(page(n), "dynamo_frontend_output_tokens_total")
                        for n in ("dynamo_before.txt", "dynamo_after.txt")))
     assert stats.output_tokens == 400
 
@@ -71,5 +51,5 @@ def test_the_gauges_add_up_across_models(stats: ServingStats) -> None:
 
 def test_requests_without_a_status_label_are_not_failures() -> None:
     line = "# TYPE dynamo_frontend_requests_total counter\ndynamo_frontend_requests_total{{model=\"m\"}} {n}\n"
-    stats = interval(line.format(n=5), line.format(n=9))
+    stats = interval("dynamo", line.format(n=5), line.format(n=9))
     assert (stats.requests, stats.failed) == (4, {})

@@ -8,33 +8,20 @@ transfers (one failed) of 48 MB in all.
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 
-from collectors.engines import EngineScraper
 from sentinel.sdk.buckets import bucket
 from sentinel.telemetry.serving import ServingStats
+from tests.collectors.engines.pages import interval, page
 
-FIXTURES = Path(__file__).parent / "fixtures"
 STAGE_BOUNDS = [round(0.001 * 1.62**i, 8) for i in range(14)]  # the fixture's per-stage buckets
 
 
-def page(name: str) -> str:
-    return (FIXTURES / name).read_text()
-
-
-def interval(before: str, after: str) -> ServingStats:
-    scraper = EngineScraper("sglang", "http://unused")
-    assert scraper.from_text(before, now=1.0) is not None, scraper.last_error
-    stats = scraper.from_text(after, now=2.0)
-    assert stats is not None, scraper.last_error
-    return stats
 
 
 @pytest.fixture(scope="module")
 def stats() -> ServingStats:
-    return interval(page("sglang_before.txt"), page("sglang_after.txt"))
+    return interval("sglang", page("sglang_before.txt"), page("sglang_after.txt"))
 
 
 def test_the_tokenizer_histograms_and_counters(stats: ServingStats) -> None:
@@ -77,9 +64,10 @@ def _stage_page(stage: str, n: int) -> str:
 
 
 def test_a_stage_named_after_a_step_stands_in_where_the_step_itself_is_absent() -> None:
-    stats = interval(_stage_page("encode_mm", 1), _stage_page("encode_mm", 3))
+    stats = interval("sglang", _stage_page("encode_mm", 1), _stage_page("encode_mm", 3))
     assert stats.histograms == {"encode": {bucket(0.5): 2}}
-    stats = interval(_stage_page("prefill_forward", 1) + _stage_page("prefill_bootstrap", 1).split("\n", 1)[1],
+    stats = interval("sglang",
+                     _stage_page("prefill_forward", 1) + _stage_page("prefill_bootstrap", 1).split("\n", 1)[1],
                      _stage_page("prefill_forward", 2) + _stage_page("prefill_bootstrap", 9).split("\n", 1)[1])
     assert stats.histograms == {"prefill": {bucket(0.5): 1}}  # the step is there: bootstrap is not read
 
@@ -100,7 +88,7 @@ def test_the_lowest_tp_rank_is_read_and_data_parallel_ranks_add_up() -> None:
     before = _ranks_page({("0", "0"): 1, ("0", "1"): 1, ("1", "2"): 1, ("1", "10"): 1}, usage)
     # dp 0: rank 0 +2 (rank 1 disagrees, +5: not read); dp 1: rank 2 (lower than 10, as a number) +3
     after = _ranks_page({("0", "0"): 3, ("0", "1"): 6, ("1", "2"): 4, ("1", "10"): 100}, usage)
-    stats = interval(before, after)
+    stats = interval("sglang", before, after)
     assert stats.preemptions == 5
     assert stats.running == 8  # 4 per data-parallel rank, each repeated on two tp ranks
     assert stats.kv_cache_usage_ratio == 0.3
@@ -110,5 +98,5 @@ def test_kv_transfer_figures_exposed_as_gauges_are_not_read() -> None:
     gauges = ("# TYPE sglang:kv_transfer_latency_ms gauge\nsglang:kv_transfer_latency_ms{tp_rank=\"0\"} 12.5\n"
               "# TYPE sglang:kv_transfer_total_mb gauge\nsglang:kv_transfer_total_mb{tp_rank=\"0\"} 30.0\n"
               "# TYPE sglang:num_running_reqs gauge\nsglang:num_running_reqs{tp_rank=\"0\"} 1\n")
-    stats = interval(gauges, gauges.replace("12.5", "14.0").replace("30.0", "60.0"))
+    stats = interval("sglang", gauges, gauges.replace("12.5", "14.0").replace("30.0", "60.0"))
     assert "kv_transfer" not in stats.histograms and stats.kv_transfer_bytes == 0

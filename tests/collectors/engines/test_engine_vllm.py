@@ -7,36 +7,17 @@ NIXL transfers (one failed); vllm_restarted is the page of an engine that came b
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 
 from collectors.engines import EngineScraper
 from sentinel.sdk.buckets import bucket, count, quantile
 from sentinel.telemetry.serving import ServingStats
-
-FIXTURES = Path(__file__).parent / "fixtures"
-
-
-def page(name: str) -> str:
-    return (FIXTURES / name).read_text()
-
-
-def interval(before: str, after: str) -> ServingStats:
-    scraper = EngineScraper("vllm", "http://unused")
-    assert scraper.from_text(before, now=1.0) is not None, scraper.last_error
-    stats = scraper.from_text(after, now=2.0)
-    assert stats is not None, scraper.last_error
-    return stats
-
-
-def without(text: str, metric: str) -> str:
-    return "\n".join(line for line in text.splitlines() if metric not in line) + "\n"
+from tests.collectors.engines.pages import interval, page, without
 
 
 @pytest.fixture(scope="module")
 def stats() -> ServingStats:
-    return interval(page("vllm_before.txt"), page("vllm_after.txt"))
+    return interval("vllm", page("vllm_before.txt"), page("vllm_after.txt"))
 
 
 def test_each_histogram_gains_what_the_interval_observed(stats: ServingStats) -> None:
@@ -87,7 +68,7 @@ def test_an_older_vllm_is_read_through_its_old_names() -> None:
     before, after = (without(without(page(n), "vllm:inter_token_latency_seconds"), "vllm:kv_cache_usage_perc")
                      for n in ("vllm_before.txt", "vllm_after.txt"))
     old_cache = "# TYPE vllm:gpu_cache_usage_perc gauge\nvllm:gpu_cache_usage_perc{engine=\"0\"} 0.77\n"
-    stats = interval(before, after + old_cache)
+    stats = interval("vllm", before, after + old_cache)
     assert stats.histograms["itl"] == {bucket(0.05): 50, bucket(0.075): 10}
     assert stats.kv_cache_usage_ratio == 0.77
 
@@ -107,5 +88,5 @@ def test_an_engine_restart_counts_the_new_values_as_the_delta() -> None:
 
 def test_a_finished_reason_that_appears_later_counts_in_full() -> None:
     before = without(page("vllm_before.txt"), 'finished_reason="abort"')
-    stats = interval(before, page("vllm_after.txt"))
+    stats = interval("vllm", before, page("vllm_after.txt"))
     assert stats.failed == {"cancelled": 1} and stats.requests == 3
