@@ -165,8 +165,7 @@ def cmd_launch(args: argparse.Namespace) -> int:
 
         host, _, port = args.serve.rpartition(":")
         executor = partial(ServingProcesses, router=Router(host or "127.0.0.1", int(port), limit=args.batch_limit))
-    slo = dict(zip(("ttft_seconds", "tpot_seconds"), map(float, args.slo.split(",")), strict=True)) \
-        if args.slo else None
+    slo = dict(zip(("ttft_seconds", "tpot_seconds"), args.slo, strict=True)) if args.slo else None
     launcher = Launcher(_client(args), name=args.job, nproc=args.nproc, argv=argv, kind=args.kind,
                         nodes=args.node or [], warm=not args.cold, preload=args.preload, executor=executor,
                         attributes={"slo": slo} if slo else None)
@@ -259,6 +258,29 @@ def _read_parsers(sub: Any) -> None:
     p.set_defaults(fn=cmd_jobs)
 
 
+def _address(text: str) -> str:
+    host, _, port = text.rpartition(":")
+    if not host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise argparse.ArgumentTypeError(f"expected HOST:PORT, got {text!r}")
+    return text
+
+
+def _positive_int(text: str) -> int:
+    if not text.isdigit() or int(text) < 1:
+        raise argparse.ArgumentTypeError(f"expected a whole number of 1 or more, got {text!r}")
+    return int(text)
+
+
+def _slo(text: str) -> tuple[float, float]:
+    try:
+        ttft, tpot = (float(x) for x in text.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected TTFT,TPOT in seconds (e.g. 0.5,0.05), got {text!r}") from None
+    if not (0 < ttft < 3600 and 0 < tpot < 3600):
+        raise argparse.ArgumentTypeError(f"SLO targets must be over 0 s and under an hour, got {text!r}")
+    return ttft, tpot
+
+
 def _launch_parser(sub: Any) -> None:
     p = sub.add_parser("launch", help="run a job's ranks here and carry out Sentinel's orders",
                        usage="sentinel launch --job NAME --nproc N [options] -- python train.py ...")
@@ -270,9 +292,9 @@ def _launch_parser(sub: Any) -> None:
     p.add_argument("--cold", action="store_true", help="no warm standbys: every restart starts fresh processes")
     p.add_argument("--preload", action="append",
                    help="module standbys import ahead; repeat (default: torch, torch.distributed, DDP, torch._dynamo)")
-    p.add_argument("--serve", metavar="HOST:PORT", help="serving: each rank a replica, behind a router here")
-    p.add_argument("--batch-limit", type=int, help="serving: requests admitted per replica at once (default: any)")
-    p.add_argument("--slo", metavar="TTFT,TPOT", help="serving: the SLO's targets in seconds, e.g. 0.5,0.05")
+    p.add_argument("--serve", metavar="HOST:PORT", type=_address, help="serving: each rank a replica, behind a router")
+    p.add_argument("--batch-limit", type=_positive_int, help="serving: requests admitted per replica at once")
+    p.add_argument("--slo", metavar="TTFT,TPOT", type=_slo, help="serving: the SLO's targets in seconds, e.g. 0.5,0.05")
     p.add_argument("cmd", nargs=argparse.REMAINDER, help="the command of one rank, after --")
     p.set_defaults(fn=cmd_launch)
 

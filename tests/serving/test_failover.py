@@ -114,3 +114,17 @@ def test_an_adjust_order_sets_the_batch_limit_on_the_router_and_the_replicas(ser
     assert {r["limit"] for r in router.snapshot()["replicas"].values()} == {None}, "both engines limit themselves"
     bad = local.execute(order("adjust", 0, placement=[], params={}))
     assert not bad.ok and "without a batch_limit" in bad.detail
+
+
+@pytest.mark.parametrize("option, words", [
+    (["--slo", "0.5"], "expected TTFT,TPOT in seconds"), (["--slo", "0,0.05"], "over 0 s and under an hour"),
+    (["--slo", "nan,0.05"], "over 0 s and under an hour"), (["--serve", "8000"], "expected HOST:PORT"),
+    (["--batch-limit", "0"], "a whole number of 1 or more")])
+def test_bad_serving_options_to_launch_are_refused_with_what_is_wrong(option: list[str], words: str,
+                                                                      capsys: pytest.CaptureFixture[str]) -> None:
+    from sentinel.cli import build_parser
+
+    with pytest.raises(SystemExit) as exit_:
+        build_parser().parse_args(["launch", "--job", "chat", "--nproc", "1", "--kind", "serving", *option,
+                                   "--", "true"])
+    assert exit_.value.code == 2 and words in capsys.readouterr().err
