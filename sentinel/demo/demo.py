@@ -114,10 +114,11 @@ class Demo:
         raise DemoError(f"timed out after {timeout:.0f}s waiting for {what}; logs in {self.data_dir}")
 
     def stop(self) -> None:
+        """Last started, first stopped, each to its end: the launcher tells the server its job was cancelled
+        while the agents still report and the server still listens, so its ranks' exits page no one."""
         for proc in reversed(self.procs):
             if proc.poll() is None:
                 os.killpg(proc.pid, signal.SIGINT)
-        for proc in self.procs:
             try:
                 proc.wait(15)
             except subprocess.TimeoutExpired:

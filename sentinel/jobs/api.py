@@ -12,7 +12,8 @@ from sentinel.db import transaction
 from sentinel.deps import IdPath, Live, Offset, Remediation, ServerClock, Sessions, not_found
 from sentinel.errors import CONFLICT
 from sentinel.jobs import service
-from sentinel.jobs.schemas import JobCreate, JobMetrics, JobOut, TaskCreate, TaskOut
+from sentinel.jobs.schemas import JobCreate, JobFinish, JobMetrics, JobOut, TaskCreate, TaskOut
+from sentinel.remediation import orders
 from sentinel.serving.signals import Slo
 
 log = logging.getLogger("sentinel.jobs")
@@ -69,6 +70,25 @@ def get_job_metrics(job_id: IdPath, sessions: Sessions, remediation: Remediation
             raise not_found(exc) from exc
         placement = service.current_placement(session, job_id)
     return remediation.recoveries.job_metrics(job_id, job.created_at, placement, clock.time())
+
+
+@router.post("/{job_id}/finish", response_model=JobOut)
+def finish_job(job_id: IdPath, spec: JobFinish, sessions: Sessions,
+               who: Annotated[Principal, Depends(allow(LAUNCH))]) -> JobOut:
+    """The job ended as its launcher says: `succeeded` (every rank finished) or `cancelled` (stopped on purpose;
+    the exits that follow are recorded as no failure). Its pending orders are superseded. A job that ended
+    already keeps its first state (a retried call changes nothing)."""
+    try:
+        with transaction(sessions) as session:
+            job = service.get_job(session, job_id)
+            if service.finish_job(session, job, spec.state, spec.reason, actor=who.actor):
+                superseded = orders.close_finished(session, job_id, spec.state)
+                log.info("job finished: job=%d state=%s by=%s superseded_orders=%d reason=%s", job_id, spec.state,
+                         who.actor, superseded, spec.reason or "-")
+            out = JobOut.model_validate(job)
+    except service.JobNotFound as exc:
+        raise not_found(exc) from exc
+    return out
 
 
 @router.post("/{job_id}/tasks", response_model=TaskOut, status_code=201, responses=CONFLICT)

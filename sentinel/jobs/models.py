@@ -10,6 +10,7 @@ from sentinel.db import Base, UTCDateTime, utcnow
 
 JOB_KINDS = ("training", "serving")
 JOB_STATES = ("pending", "running", "recovering", "succeeded", "failed", "cancelled")
+FINISHED_STATES = frozenset({"succeeded", "cancelled"})  # ended as its launcher said: nothing to remediate
 TASK_STATES = ("pending", "running", "exited", "failed", "lost")
 
 

@@ -26,8 +26,18 @@ class TaskCreate(BaseModel):
     rank: Annotated[int, Field(ge=0)]
     node: Name
     accelerators: Annotated[list[Uuid], Field(max_length=64)] = []
-    pid: Annotated[int, Field(ge=1, le=2**31)] | None = None
+    pid: Annotated[int, Field(ge=1, le=2**31 - 1)] | None = None
     attempt: Annotated[int, Field(ge=0, le=100_000)] = 0
+
+
+class JobFinish(BaseModel):
+    """How a job ended, as its launcher says: every rank finished (`succeeded`), or it was stopped on purpose
+    (`cancelled`: a signal to the launcher, a scheduler's cancel); the exits that follow are no failures."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    state: Literal["succeeded", "cancelled"]
+    reason: Annotated[str, Field(max_length=200)] = ""
 
 
 class TaskOut(BaseModel):

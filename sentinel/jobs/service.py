@@ -13,7 +13,7 @@ from sentinel.accelerators.models import Accelerator
 from sentinel.audit.service import record
 from sentinel.db import utcnow
 from sentinel.events.service import record_event
-from sentinel.jobs.models import Job, Task
+from sentinel.jobs.models import FINISHED_STATES, Job, Task
 from sentinel.jobs.schemas import JobCreate, TaskCreate, TaskOut
 from sentinel.nodes.models import Node
 from sentinel.telemetry.schemas import Assignment
@@ -51,6 +51,18 @@ def create_job(session: Session, spec: JobCreate, *, actor: str) -> Job:
     record(session, actor=actor, action="job.create", subject=f"job/{job.id}",
            detail={"name": spec.name, "kind": spec.kind, "world_size": spec.world_size})
     return job
+
+
+def finish_job(session: Session, job: Job, state: str, reason: str, *, actor: str) -> bool:
+    """The job ended as its launcher says (`succeeded` or `cancelled`); False when it had ended already (the
+    first word stands: a launcher that retries its call changes nothing)."""
+    if job.state in FINISHED_STATES:
+        return False
+    job.state, job.updated_at = state, utcnow()
+    record(session, actor=actor, action=f"job.{state}", subject=f"job/{job.id}", detail={"reason": reason})
+    record_event(session, kind=f"job_{state}", job_id=job.id,
+                 message=f"job {job.id} ({job.name}) {state} by {actor}" + (f": {reason}" if reason else ""))
+    return True
 
 
 def get_job(session: Session, job_id: int) -> Job:
@@ -175,12 +187,15 @@ def record_task_exit(session: Session, *, node_id: int, job_id: int | None, rank
     task = session.scalars(query.order_by(Task.attempt.desc())).first()
     if task is None:
         return None
-    failed = exit_signal is not None or exit_code != 0 or bool(exception) or in_flight > 0
+    job = session.get(Job, task.job_id)
+    # a job its launcher stopped on purpose: its ranks' exits (SIGTERM, SIGKILL after the grace) are no failure
+    cancelled = job is not None and job.state == "cancelled"
+    failed = not cancelled and (exit_signal is not None or exit_code != 0 or bool(exception) or in_flight > 0)
     reason, sentence = describe_exit(exit_code, exit_signal, exception, in_flight)
+    sentence += " (the job was cancelled)" if cancelled else ""
     task.state = "failed" if failed else "exited"
     task.exit_code, task.exit_signal, task.ended_at = exit_code, exit_signal, observed_at
     task.failure_reason = reason if failed else ""
-    job = session.get(Job, task.job_id)
     if job is not None:
         job.updated_at = observed_at
         if failed and job.state == "running":

@@ -24,12 +24,15 @@ import time
 from collections.abc import Callable
 from typing import Any, TextIO
 
+import httpx
+
 from sentinel.client import ApiError, SentinelClient
 from sentinel.launcher.local import STOP_GRACE_SECONDS, LocalProcesses, Rank
 from sentinel.remediation.executors.base import Action, JobRef
 
 # A server that is away, or a standby still taking over, is asked again for this long before a launcher gives up.
 RETRY_SECONDS = 60.0
+FINISH_RETRY_SECONDS = 3.0  # how long a stop waits on a server that is away to hear the job ended
 
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
 
@@ -180,12 +183,15 @@ class Launcher:
                     continue
                 if all(c == 0 for c in self.local.exit_codes()):
                     self.say(f"every rank of attempt {self.attempt} finished")
+                    self._finish("succeeded", f"every rank of attempt {self.attempt} exited 0")
                     return 0
                 self._wake.wait(1.0)
         except (Stopped, KeyboardInterrupt) as stop:
             signum = stop.signum if isinstance(stop, Stopped) else int(signal.SIGINT)
-            self.say(f"{signal.Signals(signum).name}: stopping the ranks and standbys (SIGTERM, "
-                     f"{STOP_GRACE_SECONDS:g}s, SIGKILL)")
+            name = signal.Signals(signum).name
+            # said before the ranks are stopped: their exits (SIGTERM) are then the cancellation, no failure
+            self._finish("cancelled", f"{name} to the launcher")
+            self.say(f"{name}: stopping the ranks and standbys (SIGTERM, {STOP_GRACE_SECONDS:g}s, SIGKILL)")
             return 128 + signum
         finally:
             self._closing = True
@@ -193,6 +199,17 @@ class Launcher:
             self.local.close()
             for sig, handler in previous.items():
                 signal.signal(sig, handler)
+
+    def _finish(self, state: str, reason: str) -> None:
+        """Tell the server how the job ended; a server that is away does not hold the stop up (its detectors
+        then judge the exits as they come)."""
+        if not self.job_id:  # stopped before the job registered
+            return
+        try:
+            self.client.post(f"/jobs/{self.job_id}/finish", {"state": state, "reason": reason},
+                             retry_seconds=FINISH_RETRY_SECONDS)
+        except (ApiError, httpx.HTTPError) as exc:
+            log.warning("could not tell the server job %s %s: %s", self.job_id, state, exc)
 
     def _start_job(self) -> None:
         spec = {"name": self.name, "kind": self.kind, "world_size": self.nproc,

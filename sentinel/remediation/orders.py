@@ -48,6 +48,16 @@ def create_order(session: Session, *, job: Job, kind: str, placement: list[dict[
     return order
 
 
+def close_finished(session: Session, job_id: int, state: str) -> int:
+    """A job that ended (`succeeded`, `cancelled`) has no launcher left to act: its orders still pending are
+    superseded, saying why; how many."""
+    closed = 0
+    for old in session.scalars(select(Order).where(Order.job_id == job_id, Order.state == "pending")):
+        old.state, old.result = "superseded", f"the job was {state} before its launcher took the order"
+        closed += 1
+    return closed
+
+
 def create_adjust(session: Session, *, job: Job, params: dict[str, Any], reason: str, now: datetime,
                   ack_seconds: float) -> Order:
     """A change to a running serving job (its batch limit): no new attempt, the job stays as it is; a pending

@@ -23,6 +23,8 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Literal
 
+from sentinel.jobs.models import FINISHED_STATES
+
 Flow = Literal["take_out_accelerator", "take_out_node", "fleet_wide", "probe", "restart_job", "stale", "nothing"]
 TAKES_OUT: frozenset[Flow] = frozenset({"take_out_accelerator", "take_out_node"})
 
@@ -37,7 +39,7 @@ DECISIONS: dict[str, Flow] = {
     "record": "nothing",
 }
 SERVING_KINDS = frozenset({"serving"})
-FINISHED_JOB_STATES = frozenset({"succeeded", "cancelled"})
+FINISHED_JOB_STATES = FINISHED_STATES
 
 
 @dataclass(frozen=True)

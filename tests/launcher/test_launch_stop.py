@@ -91,6 +91,10 @@ def test_a_stopped_launcher_leaves_no_rank_standby_or_helper(cluster: Cluster, t
         for standby in standbys:  # forked from the zygote: torch is in memory already
             assert any("libtorch" in m.path for m in standby.memory_maps()), "a warm standby has torch loaded"
         assert set(marked(marker)) == pids | {launch.pid}, "the marker finds the launcher and its tree"
+        # the agent watches the ranks' pids once the server has told it of them (a rank gone before that is
+        # never seen to exit: not what this test is about)
+        wait_for(lambda: all(f"pid{rank[0]}" in (tmp_path / "agent-node-a.log").read_text() for rank in ranks),
+                 timeout=20, what="the agent watching both ranks")
 
         os.kill(launch.pid, sig)
         code = launch.wait(30)
@@ -101,5 +105,16 @@ def test_a_stopped_launcher_leaves_no_rank_standby_or_helper(cluster: Cluster, t
     finally:
         for pid in marked(marker):  # whatever a failing test left running
             os.kill(pid, signal.SIGKILL)
-    if sig != signal.SIGKILL:
-        assert f"{signal.Signals(sig).name}: stopping the ranks and standbys" in log.read_text()
+    job = cluster.job("stopper")
+    if sig == signal.SIGKILL:  # no word from the launcher: the tether's kills are failures like any other
+        assert job["state"] != "cancelled"
+        return
+    assert f"{signal.Signals(sig).name}: stopping the ranks and standbys" in log.read_text()
+    # the launcher said so before it stopped the ranks: their exits are the cancellation, and page no one
+    assert job["state"] == "cancelled"
+    wait_for(lambda: all(t["state"] == "exited" for t in cluster.job("stopper")["tasks"]), timeout=20,
+             what="both ranks' exits recorded")
+    tasks = cluster.job("stopper")["tasks"]
+    assert [(t["exit_signal"], t["failure_reason"]) for t in tasks] == [(signal.SIGTERM, "")] * 2
+    assert [i["title"] for i in cluster.api.get("/incidents", params={"state": "all"}).json()["incidents"]
+            if i["detector"] == "task_exit"] == []
