@@ -67,7 +67,7 @@ class NodeRegistration(WireModel):
 
 
 class ProcessMemory(WireModel):
-    pid: Annotated[int, Field(ge=0, le=2**31)]
+    pid: Annotated[int, Field(ge=0, le=2**31 - 1)]
     used_bytes: Bytes
 
 
@@ -124,9 +124,9 @@ class HardwareEvent(WireModel):
 
 
 Seconds = Annotated[float, Field(ge=0.0, le=1e9)]
-JobId = Annotated[int, Field(ge=1, le=2**62)]
+JobId = Annotated[int, Field(ge=1, le=2**31 - 1)]  # the jobs.id INTEGER column
 Rank = Annotated[int, Field(ge=0, le=10_000_000)]
-Pid = Annotated[int, Field(ge=1, le=2**31)]
+Pid = Annotated[int, Field(ge=1, le=2**31 - 1)]  # the tasks.pid INTEGER column
 
 
 CounterName = Annotated[str, Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_]+$")]

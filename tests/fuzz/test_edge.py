@@ -8,7 +8,7 @@ from fastapi.testclient import TestClient
 
 from sentinel.errors import NUL_MESSAGE
 from tests.conftest import bearer
-from tests.factories import registration
+from tests.factories import registration, report
 
 
 @pytest.mark.parametrize(("method", "path", "body"), [
@@ -40,6 +40,26 @@ def test_an_escaped_backslash_before_u0000_is_text_not_nul(client: TestClient, a
 ])
 def test_ids_past_the_columns_range_are_422_not_500(client: TestClient, admin_token: str, path: str) -> None:
     response = client.get(path, headers=bearer(admin_token))
+    assert response.status_code == 422, response.text
+
+
+@pytest.mark.parametrize("where", ["task_exits.job_id", "task_exits.pid", "tasks.job_id", "registration.pid"])
+def test_a_report_or_task_naming_an_id_past_the_columns_range_is_422(client: TestClient, admin_token: str,
+                                                                    where: str) -> None:
+    big = 2**31  # one past a 32-bit INTEGER column (jobs.id, tasks.pid) on PostgreSQL
+    client.post("/api/v1/nodes/register", json=registration("node-a"), headers=bearer(admin_token))
+    if where == "registration.pid":
+        job = client.post("/api/v1/jobs", json={"name": "j", "world_size": 1}, headers=bearer(admin_token)).json()
+        response = client.post(f"/api/v1/jobs/{job['id']}/tasks", headers=bearer(admin_token),
+                               json={"rank": 0, "node": "node-a", "pid": big})
+    else:
+        body = report(seq=1, accelerators=0)
+        if where.startswith("task_exits"):
+            body["task_exits"] = [{"job_id": 1, "pid": 10, "exit_code": 1, "observed_at": 1.8e9,
+                                   where.split(".")[1]: big}]
+        else:
+            body["tasks"] = [{"job_id": big, "rank": 0, "pid": 10}]
+        response = client.post("/api/v1/nodes/node-a/reports", json=body, headers=bearer(admin_token))
     assert response.status_code == 422, response.text
 
 
