@@ -189,15 +189,16 @@ class Agent:
     def report_now(self, readings: Readings | None = None, events: list[HardwareEvent] | None = None,
                    tasks: list[TaskTelemetry] | None = None, task_exits: list[TaskExit] | None = None,
                    probes: list[ProbeResult] | None = None,
-                   experiments: list[ExperimentResult] | None = None) -> int:
-        """Spool one report and wake the pusher; returns its seq."""
+                   experiments: list[ExperimentResult] | None = None, leaving: bool = False) -> int:
+        """Spool one report and wake the pusher; returns its seq. `leaving`: the last one, before a stop."""
         readings = readings or Readings()
+        leaving = leaving or self._stop.is_set()  # one spooled while stopping must not take the goodbye back
         seq = self.seq.next()
         report = NodeReport(node=self.config.node, seq=seq, sent_at=time.time(),
                             interval_seconds=self.config.interval_seconds, host=readings.host,
                             accelerators=readings.accelerators, events=events or [], tasks=tasks or [],
                             task_exits=task_exits or [], nics=readings.nics, probes=probes or [],
-                            experiments=experiments or [])
+                            experiments=experiments or [], leaving=leaving)
         self.spool.append(seq, report.model_dump_json(exclude_none=True).encode())
         self.pusher.wake()
         return seq
@@ -370,10 +371,11 @@ class Agent:
             self._stop.wait(max(0.0, next_at - time.monotonic()))
 
     def stop(self, drain_seconds: float = 2.0) -> None:
+        """A stop on purpose: the last report (with any counted repeats: spooled, not lost) says so, and the
+        server takes the silence that follows for no fault."""
         self._stop.set()
-        folded = self.folder.flush(time.time())
-        if folded:  # counted repeats are reports like any other: spooled, not lost
-            self.report_now(events=folded)
+        self.report_now(events=self.folder.flush(time.time()), leaving=True)
+        log.info("agent stopping: node=%s; the last report says so", self.config.node)
         for part in (self.prober, self.responder, self.exchange):
             if part is not None:
                 part.close()

@@ -41,6 +41,7 @@ class NodeLive:
     pending: set[int] = field(default_factory=set)
     dirty: bool = False
     cleared: set[str] = field(default_factory=set)  # released accelerators the agent is to hear of
+    leaving: bool = False  # its newest report said its agent was stopping on purpose
 
     def remember(self, seq: int) -> None:
         """Keep the last few thousand accepted seqs so a replay is recognised without a query."""

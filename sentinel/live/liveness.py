@@ -26,15 +26,18 @@ def check_liveness(factory: sessionmaker[Session], fleet: Fleet, clock: Clock, m
     for live in fleet.overdue(now, missed_intervals):
         silent = now - live.last_seen
         reason = f"no report for {silent:.1f}s ({missed_intervals} intervals of {live.interval_seconds:g}s)"
+        if live.leaving:  # said goodbye: a stop on purpose, not a fault (the heartbeat detector pages nothing)
+            reason = f"its agent stopped on purpose (its last report, seq {live.last_seq}, said so); " + reason
         with transaction(factory) as session:
-            node = mark_down(session, live.id, reason=reason)
+            node = mark_down(session, live.id, reason=reason, severity="info" if live.leaving else "critical")
         with fleet.lock:
             # A report may have arrived meanwhile; memory wins only if the node is still silent.
             if now - live.last_seen > missed_intervals * live.interval_seconds:
                 live.state = "down"
         if node is not None:
             downed.append(live.name)
-            log.warning("node down: node=%s last_seq=%d %s", live.name, live.last_seq, reason)
+            log.log(logging.INFO if live.leaving else logging.WARNING, "node down: node=%s last_seq=%d %s",
+                    live.name, live.last_seq, reason)
     return downed
 
 

@@ -134,11 +134,11 @@ def set_admin_state(session: Session, node: Node, *, admin_state: str, reason: s
     return node
 
 
-def mark_down(session: Session, node_id: int, *, reason: str) -> Node | None:
+def mark_down(session: Session, node_id: int, *, reason: str, severity: str = "critical") -> Node | None:
     node = session.get(Node, node_id)
     if node is None or node.state == "down":
         return None
     node.state, node.state_reason, node.state_changed_at = "down", reason, utcnow()
-    record_event(session, kind="node_down", severity="critical", node_id=node.id,
+    record_event(session, kind="node_down", severity=severity, node_id=node.id,
                  message=f"node {node.name} is down: {reason}")
     return node

@@ -97,6 +97,7 @@ class Ingest:
                 live.pending.add(seq)
                 live.last_seen = max(live.last_seen, now)
                 live.dirty = True
+                live.leaving = report.leaving
                 coming_back = live.state == "down"
         if known is None:
             known = await asyncio.to_thread(self._receipt_exists, live.id, report.seq)

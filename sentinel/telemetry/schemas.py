@@ -313,6 +313,8 @@ class NodeReport(WireModel):
     nics: Annotated[list[NicPort], Field(max_length=64)] = []
     probes: Annotated[list[ProbeResult], Field(max_length=256)] = []
     experiments: Annotated[list[ExperimentResult], Field(max_length=16)] = []
+    # the agent's last report before a stop on purpose (systemctl stop, Ctrl-C): its silence is no fault
+    leaving: bool = False
 
 
 class SdkBatch(WireModel):

@@ -97,6 +97,21 @@ def test_reports_made_while_the_server_is_away_are_replayed_in_order(server, tmp
         agent.stop()
 
 
+def test_an_agent_stopped_on_purpose_says_goodbye_and_its_silence_pages_no_one(server, tmp_path):
+    agent = make_agent(server, tmp_path, interval=1.0)
+    agent.start()
+    agent.report_now(agent.collect())
+    api = server.api()
+    wait_for(lambda: api.get("/nodes/n1").json().get("last_seq", 0) >= 1, what="the first report")
+    agent.stop()  # as on SIGTERM: the last report says so, and it is sent before the stop ends
+    assert len(agent.spool) == 0, "the goodbye reached the server"
+    down = wait_for(lambda: (n := api.get("/nodes/n1").json())["state"] == "down" and n, timeout=15,
+                    what="the node marked down after 3 silent intervals")
+    assert "its agent stopped on purpose" in down["state_reason"]
+    time.sleep(1.5)  # a detection round or more after it went down
+    assert api.get("/incidents", params={"state": "all"}).json()["incidents"] == []
+
+
 def test_two_agents_probe_each_other_as_the_server_assigns(server, tmp_path):
     """The probe mesh on loopback (the netns drill in tests/network/ does it on a real bridge): each agent
     registers its probe address, gets the other as its target in the ack, and the server's matrix fills."""

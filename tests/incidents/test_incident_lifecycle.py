@@ -151,6 +151,27 @@ def test_heartbeat_loss_opens_an_incident_and_it_resolves_after_hysteresis(clien
     assert done["resolved_by"] == "sentinel" and "auto-resolved" in done["resolve_reason"]
 
 
+def test_an_agent_that_said_goodbye_is_down_without_an_incident_and_its_next_report_brings_it_back(
+        client, agent, admin_token, clock: FakeClock):  # type: ignore[no-untyped-def]
+    post(client, agent, report(seq=1, interval=1.0))
+    post(client, agent, {**report(seq=2, interval=1.0), "leaving": True})  # systemctl stop: its last report
+    clock.advance(3.5)
+    rt(client).check_liveness()
+    rt(client).detection.evaluate()
+    assert incidents(client, admin_token, state="all") == [], "a stop on purpose pages no one"
+    node = client.get("/api/v1/nodes/node-a", headers=bearer(admin_token)).json()
+    assert node["state"] == "down" and node["state_reason"].startswith("its agent stopped on purpose (its last "
+                                                                       "report, seq 2, said so)")
+    [down] = client.get("/api/v1/events", params={"kind": "node_down"}, headers=bearer(admin_token)).json()
+    assert down["severity"] == "info"
+    post(client, agent, report(seq=3, interval=1.0))  # started again
+    assert client.get("/api/v1/nodes/node-a", headers=bearer(admin_token)).json()["state"] == "active"
+    clock.advance(3.5)  # and now it goes silent without a word: that is heartbeat loss again
+    rt(client).check_liveness()
+    rt(client).detection.evaluate()
+    assert [i["detector"] for i in incidents(client, admin_token)] == ["heartbeat"]
+
+
 def test_a_partition_is_one_fleet_wide_incident_not_one_per_node(client, make_token, admin_token, clock):
     agent = bearer(make_token("agent"))
     for i in range(8):

@@ -10,7 +10,8 @@ from sentinel.incidents.findings import Finding, Subject
 @register
 class HeartbeatLoss(Detector):
     """A node the liveness check marked down; many at once are one fleet-wide incident naming every node (a
-    partition pages once and trips no drain).
+    partition pages once and trips no drain). A node whose agent's last report said it was stopping on purpose
+    (systemctl stop, Ctrl-C: `leaving`) is down without an incident; its node_down event says why.
 
     Options (defaults): none of its own beyond `every` (each round, and at once when liveness marks a node
     down); a node is down after the server setting missed_intervals_down (3) of its own intervals.
@@ -26,7 +27,7 @@ class HeartbeatLoss(Detector):
         reporting = sum(1 for n in nodes if n.state != "down")
         findings = []
         for live in nodes:
-            if live.state != "down":
+            if live.state != "down" or live.leaving:  # an agent that said goodbye was stopped on purpose
                 continue
             silent = now - live.last_seen
             tasks = assignments.get(live.id, [])
