@@ -157,6 +157,8 @@ def cmd_launch(args: argparse.Namespace) -> int:
     if argv and argv[0] == "--":
         argv = argv[1:]
     executor: Any = None
+    if args.engine and not args.serve:
+        raise SystemExit("sentinel launch: --engine needs --serve (the router gives each replica its port)")
     if args.serve:  # a serving job behind the router (sentinel/launcher/replicas.py)
         from functools import partial
 
@@ -164,7 +166,8 @@ def cmd_launch(args: argparse.Namespace) -> int:
         from sentinel.serving.router import Router
 
         host, _, port = args.serve.rpartition(":")
-        executor = partial(ServingProcesses, router=Router(host or "127.0.0.1", int(port), limit=args.batch_limit))
+        executor = partial(ServingProcesses, router=Router(host or "127.0.0.1", int(port), limit=args.batch_limit),
+                           engine=args.engine)
     slo = dict(zip(("ttft_seconds", "tpot_seconds"), args.slo, strict=True)) if args.slo else None
     launcher = Launcher(_client(args), name=args.job, nproc=args.nproc, argv=argv, kind=args.kind,
                         nodes=args.node or [], warm=not args.cold, preload=args.preload, executor=executor,
@@ -294,6 +297,8 @@ def _launch_parser(sub: Any) -> None:
                    help="module standbys import ahead; repeat (default: torch, torch.distributed, DDP, torch._dynamo)")
     p.add_argument("--serve", metavar="HOST:PORT", type=_address, help="serving: each rank a replica, behind a router")
     p.add_argument("--batch-limit", type=_positive_int, help="serving: requests admitted per replica at once")
+    p.add_argument("--engine", choices=["vllm", "sglang", "dynamo"],
+                   help="serving: the replicas' engine; the node's agent scrapes each one's /metrics and canaries it")
     p.add_argument("--slo", metavar="TTFT,TPOT", type=_slo, help="serving: the SLO's targets in seconds, e.g. 0.5,0.05")
     p.add_argument("cmd", nargs=argparse.REMAINDER, help="the command of one rank, after --")
     p.set_defaults(fn=cmd_launch)

@@ -9,6 +9,12 @@ tasks placed elsewhere.
 
 Each target also gets an active canary (canary.py) on the same host and port, every `canary_seconds` (0: none):
 its latest result rides in the target's stats, or alone when the /metrics page did not answer.
+
+Targets also come from the server: a launcher that runs serving replicas (`sentinel launch --serve … --engine
+vllm`) registers each replica's task with its engine (`KIND@URL#REPLICA`, loopback only), and the report's ack
+hands it to this node's agent with the task's assignment. Such a target lives as long as its assignment: a
+replaced replica's engine on its new port is scraped from the next report, its old one is dropped. A target
+given with `--engine` for the same job and rank wins.
 """
 
 from __future__ import annotations
@@ -50,12 +56,34 @@ class EngineTarget:
 class EngineWatch:
     def __init__(self, specs: list[str], canary_seconds: float = 0.0):
         self.targets = [EngineTarget.parse(s, canary_seconds=canary_seconds) for s in specs]
+        self.canary_seconds = canary_seconds
+        # from the server's assignments; None for one this agent cannot scrape (said once)
+        self.assigned: dict[tuple[int, int, str], EngineTarget | None] = {}
+
+    def _follow(self, assignments: list[Assignment]) -> list[EngineTarget]:
+        """The targets the assignments name (made on first sight, dropped with their assignment), after the
+        `--engine` ones."""
+        static = {(t.job_id, t.rank) for t in self.targets}
+        wanted = {(a.job_id, a.rank, a.engine) for a in assignments
+                  if a.engine is not None and (a.job_id, a.rank) not in static}
+        for key in [k for k in self.assigned if k not in wanted]:
+            log.info("engine target dropped: job=%d rank=%d engine=%s (no longer assigned here)", *key)
+            del self.assigned[key]
+        for job_id, rank, engine in sorted(wanted - self.assigned.keys()):
+            try:
+                self.assigned[(job_id, rank, engine)] = EngineTarget.parse(f"{job_id}/{rank}={engine}",
+                                                                          canary_seconds=self.canary_seconds)
+                log.info("engine target from the server: job=%d rank=%d engine=%s", job_id, rank, engine)
+            except ValueError as exc:  # the server validated it; a newer server's kind this agent lacks
+                log.warning("engine target skipped: job=%d rank=%d: %s", job_id, rank, exc)
+                self.assigned[(job_id, rank, engine)] = None
+        return self.targets + [t for t in self.assigned.values() if t is not None]
 
     def poll(self, assignments: list[Assignment]) -> list[SdkBatch]:
         """One scrape per target; the batches of those whose task is placed here with a pid."""
         pids = {(a.job_id, a.rank): a.pid for a in assignments if a.pid}
         out = []
-        for t in self.targets:
+        for t in self._follow(assignments):
             pid = pids.get((t.job_id, t.rank))
             if pid is None:
                 if not t.unplaced_said:

@@ -45,5 +45,6 @@ class Task(Base):
     exit_code: Mapped[int | None] = mapped_column(Integer, nullable=True)
     exit_signal: Mapped[int | None] = mapped_column(Integer, nullable=True)
     failure_reason: Mapped[str] = mapped_column(String(256), default="", server_default="")
+    engine: Mapped[str | None] = mapped_column(String(300), nullable=True)  # its serving engine, KIND@URL#REPLICA
     started_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
     ended_at: Mapped[datetime | None] = mapped_column(UTCDateTime, nullable=True)

@@ -6,7 +6,7 @@ from typing import Annotated, Any, Literal
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 
 from sentinel.serving.schemas import check_attributes
-from sentinel.telemetry.schemas import Name, Uuid
+from sentinel.telemetry.schemas import EngineSpec, Name, Uuid
 
 
 class JobCreate(BaseModel):
@@ -28,6 +28,8 @@ class TaskCreate(BaseModel):
     accelerators: Annotated[list[Uuid], Field(max_length=64)] = []
     pid: Annotated[int, Field(ge=1, le=2**31 - 1)] | None = None
     attempt: Annotated[int, Field(ge=0, le=100_000)] = 0
+    # a serving replica's engine, scraped by the node's agent (no --engine needed there): KIND@URL[#REPLICA[:STAGE]]
+    engine: EngineSpec | None = None
 
 
 class JobFinish(BaseModel):
@@ -54,6 +56,7 @@ class TaskOut(BaseModel):
     exit_code: int | None
     exit_signal: int | None = None
     failure_reason: str = ""
+    engine: str | None = None
     started_at: datetime
     ended_at: datetime | None
 

@@ -87,7 +87,8 @@ def job_tasks(session: Session, job_id: int) -> list[TaskOut]:
 
 def _task_dict(task: Task) -> dict[str, object]:
     return {c: getattr(task, c) for c in ("id", "job_id", "rank", "attempt", "accelerators", "pid", "state",
-                                          "exit_code", "exit_signal", "failure_reason", "started_at", "ended_at")}
+                                          "exit_code", "exit_signal", "failure_reason", "engine", "started_at",
+                                          "ended_at")}
 
 
 def register_task(session: Session, job: Job, spec: TaskCreate, *, actor: str) -> TaskOut:
@@ -107,7 +108,7 @@ def register_task(session: Session, job: Job, spec: TaskCreate, *, actor: str) -
                                                     Task.attempt < spec.attempt, Task.state == "running")):
         older.state, older.ended_at = "lost", utcnow()  # replaced by the new attempt, whatever became of it
     task = Task(job_id=job.id, rank=spec.rank, attempt=spec.attempt, node_id=node.id,
-                accelerators=list(spec.accelerators), pid=spec.pid, state="running")
+                accelerators=list(spec.accelerators), pid=spec.pid, state="running", engine=spec.engine)
     session.add(task)
     session.flush()
     placed = session.scalar(select(func.count()).select_from(Task).where(
@@ -116,7 +117,8 @@ def register_task(session: Session, job: Job, spec: TaskCreate, *, actor: str) -
         job.state = "running"
     job.updated_at = utcnow()
     record(session, actor=actor, action="task.register", subject=f"job/{job.id}/rank/{spec.rank}",
-           detail={"node": spec.node, "accelerators": spec.accelerators, "attempt": spec.attempt})
+           detail={"node": spec.node, "accelerators": spec.accelerators, "attempt": spec.attempt,
+                   **({"engine": spec.engine} if spec.engine else {})})
     return TaskOut.model_validate({**_task_dict(task), "node": node.name})
 
 
@@ -138,7 +140,8 @@ def assignments_by_node(session: Session) -> dict[int, list[Assignment]]:
     out: dict[int, list[Assignment]] = {}
     for task in session.scalars(select(Task).where(Task.state == "running")):
         out.setdefault(task.node_id, []).append(
-            Assignment(job_id=task.job_id, rank=task.rank, pid=task.pid, accelerators=list(task.accelerators)))
+            Assignment(job_id=task.job_id, rank=task.rank, pid=task.pid, accelerators=list(task.accelerators),
+                       engine=task.engine))
     return out
 
 
@@ -152,9 +155,11 @@ def current_placement(session: Session, job_id: int) -> dict[int, list[str]]:
 
 
 def describe_exit(exit_code: int | None, exit_signal: int | None, exception: str | None = None,
-                  in_flight: int = 0) -> tuple[str, str]:
+                  in_flight: int = 0, serving: bool = False) -> tuple[str, str]:
     """(reason label for metrics, sentence for people) of a task's end. A serving task that exits 0 with requests
-    in flight has dropped them: an engine whose death exits 0 (vLLM #48966) lies too."""
+    in flight has dropped them: an engine whose death exits 0 (vLLM #48966) lies too. With none in flight it
+    has still stopped serving (`serving`: a replica ends only when it is stopped, and those exits are not
+    judged)."""
     if exit_signal is not None:
         try:
             name = signal.Signals(exit_signal).name
@@ -167,6 +172,9 @@ def describe_exit(exit_code: int | None, exit_signal: int | None, exception: str
         return f"exception:{exception}", f"exited with code {exit_code} after an uncaught {exception}"
     if in_flight > 0 and exit_code == 0:
         return "exit:0+in_flight", f"exited with code 0 with {in_flight} request(s) in flight: counted as a failure"
+    if serving and exit_code == 0:
+        return "exit:0+serving", ("exited with code 0 though nothing stopped it: a serving replica that ends on its "
+                                  "own has stopped serving, counted as a failure")
     if exit_code is None:
         return "lost", "process ended; exit status unknown"
     return f"exit:{exit_code}", f"exited with code {exit_code}"
@@ -189,10 +197,12 @@ def record_task_exit(session: Session, *, node_id: int, job_id: int | None, rank
         return None
     job = session.get(Job, task.job_id)
     # a job its launcher stopped on purpose: its ranks' exits (SIGTERM, SIGKILL after the grace) are no failure
-    cancelled = job is not None and job.state == "cancelled"
-    failed = not cancelled and (exit_signal is not None or exit_code != 0 or bool(exception) or in_flight > 0)
-    reason, sentence = describe_exit(exit_code, exit_signal, exception, in_flight)
-    sentence += " (the job was cancelled)" if cancelled else ""
+    ended = job is not None and job.state in FINISHED_STATES
+    serving = job is not None and job.kind == "serving"
+    failed = not ended and (exit_signal is not None or exit_code != 0 or bool(exception) or in_flight > 0
+                                or serving)
+    reason, sentence = describe_exit(exit_code, exit_signal, exception, in_flight, serving)
+    sentence += f" (the job was {job.state})" if ended and job is not None else ""
     task.state = "failed" if failed else "exited"
     task.exit_code, task.exit_signal, task.ended_at = exit_code, exit_signal, observed_at
     task.failure_reason = reason if failed else ""

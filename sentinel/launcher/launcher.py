@@ -95,7 +95,8 @@ class Launcher:
         for r in started:
             self.client.post(f"/jobs/{self.job_id}/tasks", {"rank": r.rank, "node": r.node,
                                                              "accelerators": r.accelerators, "pid": r.proc.pid,
-                                                             "attempt": attempt}, retry_seconds=RETRY_SECONDS)
+                                                             "attempt": attempt, **self.local.task_fields(r.rank)},
+                             retry_seconds=RETRY_SECONDS)
 
     # -- orders ---------------------------------------------------------------------------------------
     def _poll_orders(self) -> None:
@@ -166,7 +167,8 @@ class Launcher:
         return {sig: signal.signal(sig, self._on_signal) for sig in STOP_SIGNALS}
 
     def run(self) -> int:
-        """Until every rank of the current attempt exits 0 (0), or a stop signal (128 + the signal)."""
+        """Until every rank of the current attempt exits 0 (0; never for a serving job), or a stop signal (128 +
+        the signal)."""
         previous = self._trap_signals()
         try:
             self.local.fill_standbys()  # the zygote imports the preloads while the job registers
@@ -181,7 +183,9 @@ class Launcher:
                             o for o in pending if o["kind"] == "adjust"]:
                         self.carry_out(order)
                     continue
-                if all(c == 0 for c in self.local.exit_codes()):
+                # a serving job has no end of its own: a replica that exits 0 stopped serving, and the server
+                # orders it replaced (`exit:0+serving`); the job ends when the launcher is stopped
+                if self.kind != "serving" and all(c == 0 for c in self.local.exit_codes()):
                     self.say(f"every rank of attempt {self.attempt} finished")
                     self._finish("succeeded", f"every rank of attempt {self.attempt} exited 0")
                     return 0

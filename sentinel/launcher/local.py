@@ -148,22 +148,45 @@ class LocalProcesses(Executor):
             return Outcome(False, f"order {order.get('id')}: attempt {order.get('attempt')} not started: {exc}")
 
     def _carry_out(self, order: dict[str, Any]) -> Outcome:
-        received = time.monotonic()
-        old = list(self.ranks)
-        stopped = 0.0
         if order["kind"] == "replace_replica":
-            self.start_attempt(order["placement"], int(order["attempt"]))  # the replacement first, then the old one
-            self.stop_ranks(old)
-        else:
-            self.stop_ranks(old)
-            self.ranks = []  # stopped: a failed start below must not leave them listed as this attempt's
-            stopped = time.monotonic() - received
-            self.start_attempt(order["placement"], int(order["attempt"]))
+            return self._replace_replicas(order)
+        received = time.monotonic()
+        self.stop_ranks(list(self.ranks))
+        self.ranks = []  # stopped: a failed start below must not leave them listed as this attempt's
+        stopped = time.monotonic() - received
+        self.start_attempt(order["placement"], int(order["attempt"]))
         took = time.monotonic() - received
-        detail = f"order {order['id']}: attempt {order['attempt']} started in {took:.2f}s"
-        if order["kind"] != "replace_replica":
-            detail += f" ({stopped:.2f}s of it stopping the old ranks)"
-        return Outcome(True, detail)
+        return Outcome(True, f"order {order['id']}: attempt {order['attempt']} started in {took:.2f}s "
+                             f"({stopped:.2f}s of it stopping the old ranks)")
+
+    def _replace_replicas(self, order: dict[str, Any]) -> Outcome:
+        """A serving job's replicas marked `replace` (every one when none is), one at a time, each replacement
+        started before its old replica stops; the replicas left alone join the new attempt as they are."""
+        attempt = int(order["attempt"])
+        slots = {int(s["rank"]): s for s in order["placement"]}
+        chosen = sorted(r for r, s in slots.items() if s.get("replace")) or sorted(slots)
+        lines = [self._replace(slots[rank], attempt) for rank in chosen]
+        kept = [r for r in self.ranks if r.rank not in chosen]
+        if kept:  # the server's next placement names them all
+            self.on_started(kept, attempt)
+        self.attempt = attempt
+        threading.Thread(target=self.fill_standbys, args=(True,), daemon=True).start()
+        return Outcome(True, f"order {order['id']}: " + "; ".join(lines))
+
+    def _replace(self, slot: dict[str, Any], attempt: int) -> str:
+        """One replica, without a router (sentinel/launcher/replicas.py drains and cuts over): the replacement
+        starts, then the old one stops."""
+        rank, begun = int(slot["rank"]), time.monotonic()
+        old = next((r for r in self.ranks if r.rank == rank), None)
+        proc = self._start(self.rank_env(slot, attempt, free_port()))
+        new = Rank(rank, slot["node"], list(slot["accelerators"]), slot.get("agent_url"), proc)
+        self.on_started([new], attempt)
+        if old is not None:
+            self.stop_ranks([old])
+        self.ranks = sorted([r for r in self.ranks if r.rank != rank] + [new], key=lambda r: r.rank)
+        took = time.monotonic() - begun
+        self.say(f"rank {rank} replaced (pid {old.proc.pid if old else '-'} → {proc.pid}) in {took:.2f}s")
+        return f"rank {rank} replaced in {took:.2f}s (no router: nothing drained)"
 
     # -- the command, run warm or cold -----------------------------------------------------------------
     def _warmable(self) -> dict[str, Any] | None:
@@ -246,6 +269,10 @@ class LocalProcesses(Executor):
         if slot.get("agent_url"):
             env["SENTINEL_AGENT_URL"] = str(slot["agent_url"])
         return {**env, **self.env}
+
+    def task_fields(self, rank: int) -> dict[str, Any]:
+        """What the rank's task registration says beyond its placement (a serving replica: its engine)."""
+        return {}
 
     def start_attempt(self, placement: list[dict[str, Any]], attempt: int) -> list[Rank]:
         """Start every rank of `attempt`; if one cannot start, the ones already started are stopped (an attempt

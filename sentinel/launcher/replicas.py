@@ -41,9 +41,10 @@ def replica_name(rank: int, attempt: int) -> str:
 
 class ServingProcesses(LocalProcesses):
     def __init__(self, *args: Any, router: Router, ready_seconds: float = READY_SECONDS,
-                 drain_seconds: float = DRAIN_SECONDS, **kwargs: Any) -> None:
+                 drain_seconds: float = DRAIN_SECONDS, engine: str | None = None, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.router = router
+        self.engine = engine  # vllm, sglang, dynamo: the node's agent scrapes each replica's /metrics
         self.ready_seconds, self.drain_seconds = ready_seconds, drain_seconds
         self.names: dict[int, str] = {}  # rank → its replica's name (the router's backend)
         self.ports: dict[int, int] = {}
@@ -54,6 +55,12 @@ class ServingProcesses(LocalProcesses):
         self.ports[rank], self.names[rank] = free_port(), replica_name(rank, attempt)
         return {**super().rank_env(slot, attempt, port), "SENTINEL_REPLICA_PORT": str(self.ports[rank]),
                 "SENTINEL_REPLICA": self.names[rank]}
+
+    def task_fields(self, rank: int) -> dict[str, Any]:
+        """The replica's engine for the node's agent to scrape (and canary), on the port this replica serves."""
+        if self.engine is None or rank not in self.ports:
+            return {}
+        return {"engine": f"{self.engine}@http://127.0.0.1:{self.ports[rank]}/metrics#{self.names[rank]}"}
 
     def start_attempt(self, placement: list[dict[str, Any]], attempt: int) -> list[Rank]:
         started = super().start_attempt(placement, attempt)
@@ -94,19 +101,6 @@ class ServingProcesses(LocalProcesses):
         return Outcome(True, f"order {order.get('id')}: batch limit {before or 'none'} → {limit} per replica "
                              f"({len(took)} of {len(self.ports)} replica(s) took it; the router holds the "
                              "others to it)")
-
-    def _carry_out(self, order: dict[str, Any]) -> Outcome:
-        if order["kind"] != "replace_replica":
-            return super()._carry_out(order)
-        attempt = int(order["attempt"])
-        slots = {int(s["rank"]): s for s in order["placement"]}
-        chosen = sorted(r for r, s in slots.items() if s.get("replace")) or sorted(slots)
-        lines = [self._replace(slots[rank], attempt) for rank in chosen]
-        kept = [r for r in self.ranks if r.rank not in chosen]
-        if kept:  # the replicas left alone are this attempt's too: the server's next placement names them all
-            self.on_started(kept, attempt)
-        self.attempt = attempt
-        return Outcome(True, f"order {order['id']}: " + "; ".join(lines))
 
     def _replace(self, slot: dict[str, Any], attempt: int) -> str:
         rank = int(slot["rank"])

@@ -124,6 +124,11 @@ class HardwareEvent(WireModel):
 
 
 Seconds = Annotated[float, Field(ge=0.0, le=1e9)]
+# a serving engine on the task's own node: KIND@URL[#REPLICA[:STAGE]], loopback only (the agent scrapes what the
+# server names, so the server can point it at nothing beyond the node's own engines)
+EngineSpec = Annotated[str, Field(max_length=300, pattern=(
+    r"^(vllm|sglang|dynamo)@http://(127\.0\.0\.1|localhost|\[::1\]):[0-9]{1,5}(/[A-Za-z0-9._~/-]*)?"
+    r"(#[A-Za-z0-9][A-Za-z0-9._-]{0,63}(:(encode|prefill|decode|mixed))?)?$"))]
 JobId = Annotated[int, Field(ge=1, le=2**31 - 1)]  # the jobs.id INTEGER column
 Rank = Annotated[int, Field(ge=0, le=10_000_000)]
 Pid = Annotated[int, Field(ge=1, le=2**31 - 1)]  # the tasks.pid INTEGER column
@@ -342,12 +347,14 @@ class SdkBatch(WireModel):
 
 
 class Assignment(BaseModel):
-    """A task placed on this node, so the agent can watch its process and drive sim load."""
+    """A task placed on this node, so the agent can watch its process and drive sim load; `engine`: the serving
+    engine whose /metrics speaks for it (collectors/engines/watch.py), as its launcher registered it."""
 
     job_id: int
     rank: int
     pid: int | None
     accelerators: list[str]
+    engine: str | None = None
 
 
 class NodeCommand(BaseModel):

@@ -87,8 +87,8 @@ def placed(client: TestClient, make_token) -> tuple[dict[str, str], dict[str, st
     return agent_auth, bearer(make_token("launcher"))
 
 
-def place(client: TestClient, launcher: dict[str, str], pids: list[int]) -> int:
-    job_id = int(client.post("/api/v1/jobs", json={"name": "llm", "world_size": len(pids)},
+def place(client: TestClient, launcher: dict[str, str], pids: list[int], kind: str = "training") -> int:
+    job_id = int(client.post("/api/v1/jobs", json={"name": "llm", "world_size": len(pids), "kind": kind},
                              headers=launcher).json()["id"])
     for rank, pid in enumerate(pids):
         body = {"rank": rank, "node": "node-a", "accelerators": [f"SIM-node-a-{rank}"], "pid": pid}
@@ -284,9 +284,12 @@ def test_an_engine_that_exits_0_with_requests_in_flight_failed_end_to_end(client
     assert "vLLM #48966" in incident["seen"]
 
 
-def test_a_serving_task_that_exits_0_with_nothing_in_flight_ended_well(client, placed, admin_token, clock: FakeClock):
+def test_a_serving_replica_that_exits_0_with_nothing_in_flight_has_stopped_serving(client, placed, admin_token,
+                                                                                    clock: FakeClock):
+    """An idle vLLM whose engine core died exits 0 too (vLLM #48966, reproduced in test_vllm_live.py): a replica
+    that nothing stopped has stopped serving, and the job has one fewer. A training rank's exit 0 is success."""
     agent_auth, launcher = placed
-    job_id = place(client, launcher, [1000])
+    job_id = place(client, launcher, [1000], kind="serving")
     body = report(seq=1, accelerators=0, interval=10.0)
     body["tasks"] = [{"job_id": job_id, "rank": 0, "pid": 1000, "serving": {"replica": "r0", "requests": 20,
                                                                             "running": 0}}]
@@ -295,4 +298,14 @@ def test_a_serving_task_that_exits_0_with_nothing_in_flight_ended_well(client, p
     body["task_exits"] = [{"job_id": job_id, "rank": 0, "pid": 1000, "exit_code": 0, "observed_at": clock.time()}]
     post(client, agent_auth, body)
     [task] = client.get(f"/api/v1/jobs/{job_id}", headers=bearer(admin_token)).json()["tasks"]
-    assert (task["state"], task["failure_reason"]) == ("exited", "")
+    assert (task["state"], task["failure_reason"]) == ("failed", "exit:0+serving")
+    [incident] = client.get("/api/v1/incidents", params={"detector": "task_exit"},
+                            headers=bearer(admin_token)).json()["incidents"]
+    assert "exited with code 0 though nothing stopped it" in incident["title"]
+    assert "a serving replica does not end on its own" in incident["seen"]
+    training = place(client, launcher, [1001])
+    body = report(seq=3, accelerators=0, interval=10.0)
+    body["task_exits"] = [{"job_id": training, "rank": 0, "pid": 1001, "exit_code": 0, "observed_at": clock.time()}]
+    post(client, agent_auth, body)
+    [task] = client.get(f"/api/v1/jobs/{training}", headers=bearer(admin_token)).json()["tasks"]
+    assert (task["state"], task["failure_reason"]) == ("exited", ""), "a training rank that exits 0 finished"

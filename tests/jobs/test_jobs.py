@@ -34,7 +34,26 @@ def test_agent_learns_its_tasks_in_the_report_ack(client, launcher, make_token):
     client.post(f"/api/v1/jobs/{job_id}/tasks", headers=launcher,
                 json={"rank": 0, "node": "node-a", "accelerators": ["SIM-node-a-1"], "pid": 4242})
     ack = client.post("/api/v1/nodes/node-a/reports", json=report(seq=1), headers=bearer(make_token("agent"))).json()
-    assert ack["assignments"] == [{"job_id": job_id, "rank": 0, "pid": 4242, "accelerators": ["SIM-node-a-1"]}]
+    assert ack["assignments"] == [{"job_id": job_id, "rank": 0, "pid": 4242, "accelerators": ["SIM-node-a-1"],
+                                   "engine": None}]
+
+
+def test_a_replica_s_engine_reaches_its_node_s_agent_with_the_assignment(client, launcher, make_token):
+    job_id = client.post("/api/v1/jobs", json={"name": "chat", "world_size": 2, "kind": "serving"},
+                         headers=launcher).json()["id"]
+    engine = "vllm@http://127.0.0.1:8001/metrics#r1"
+    made = client.post(f"/api/v1/jobs/{job_id}/tasks", headers=launcher,
+                       json={"rank": 1, "node": "node-a", "accelerators": ["SIM-node-a-1"], "pid": 4242,
+                             "engine": engine})
+    assert made.status_code == 201 and made.json()["engine"] == engine
+    for bad in ("vllm@http://10.0.0.7:8001/metrics", "tgi@http://127.0.0.1:8001/metrics",
+                "vllm@http://127.0.0.1:8001/metrics#r1:verify", "vllm@http://127.0.0.1.evil.example:80/metrics"):
+        refused = client.post(f"/api/v1/jobs/{job_id}/tasks", headers=launcher,
+                              json={"rank": 0, "node": "node-a", "pid": 4241, "engine": bad})
+        assert refused.status_code == 422, bad  # the agent scrapes what the server names: the node's own only
+    ack = client.post("/api/v1/nodes/node-a/reports", json=report(seq=1), headers=bearer(make_token("agent"))).json()
+    assert ack["assignments"] == [{"job_id": job_id, "rank": 1, "pid": 4242, "accelerators": ["SIM-node-a-1"],
+                                   "engine": engine}]
 
 
 @pytest.mark.parametrize("task, status, words", [

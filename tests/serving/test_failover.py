@@ -116,6 +116,21 @@ def test_an_adjust_order_sets_the_batch_limit_on_the_router_and_the_replicas(ser
     assert not bad.ok and "without a batch_limit" in bad.detail
 
 
+def test_each_replica_is_registered_with_its_engine_and_a_replacement_with_its_new_port(serving: Any) -> None:
+    local, router, _, _ = serving
+    local.engine = "vllm"  # as `sentinel launch --serve … --engine vllm`: the node's agent scrapes each replica
+    local.start_attempt(placement(), 0)
+    wait_for(lambda: ready(router, "r0", "r1"), timeout=30, what="both replicas answering")
+    assert [local.task_fields(r) for r in (0, 1)] == [
+        {"engine": f"vllm@http://127.0.0.1:{local.ports[r]}/metrics#r{r}"} for r in (0, 1)]
+    before = local.ports[1]
+    assert local.execute(order("replace_replica", 1, placement=placement(replace=1))).ok
+    assert local.ports[1] != before
+    assert local.task_fields(1) == {"engine": f"vllm@http://127.0.0.1:{local.ports[1]}/metrics#r1.a1"}
+    local.engine = None
+    assert local.task_fields(0) == {}, "no engine named: the replicas' own SDK reports"
+
+
 @pytest.mark.parametrize("option, words", [
     (["--slo", "0.5"], "expected TTFT,TPOT in seconds"), (["--slo", "0,0.05"], "over 0 s and under an hour"),
     (["--slo", "nan,0.05"], "over 0 s and under an hour"), (["--serve", "8000"], "expected HOST:PORT"),

@@ -41,14 +41,16 @@ class TaskExit(Detector):
             if closed.failure_reason == "exit:0+in_flight":
                 in_flight = max(1, ctx.serving.in_flight(closed.job_id, closed.rank, observed) if ctx.serving else 1)
             _, sentence = describe_exit(ended.exit_code if ended else None, ended.signal if ended else None,
-                                        failure.type if failure else None, in_flight)
+                                        failure.type if failure else None, in_flight,
+                                        serving=closed.failure_reason == "exit:0+serving")
             recent = [f for f in ctx.history.recent(observed, window_seconds=CORRELATE_SECONDS, node=live.name)
                       if f.severity != "info"]
             stats = ctx.jobs.job(closed.job_id)
             total_failures = sum(stats.failures.values())
             peers = sorted(r for r in stats.ranks if r != closed.rank)
             nodes = ", ".join(sorted({r.node for r in stats.ranks.values() if r.node})) or "unknown nodes"
-            layer, cause = _cause(ctx, recent, ended, failure, observed, in_flight)
+            layer, cause = _cause(ctx, recent, ended, failure, observed, in_flight,
+                                  serving=closed.failure_reason == "exit:0+serving")
             findings.append(Finding(
                 detector=self.name, key=f"job={closed.job_id}", severity="warning",
                 title=f"job {closed.job_id} rank {closed.rank} {sentence} on {live.name}", layer=layer,
@@ -85,7 +87,7 @@ class TaskExit(Detector):
 
 
 def _cause(ctx: DetectionContext, recent: list[Fault], ended: schemas.TaskExit | None, failure: TaskFailure | None,
-           observed: float, in_flight: int = 0) -> tuple[str, str]:
+           observed: float, in_flight: int = 0, serving: bool = False) -> tuple[str, str]:
     """(layer, the likely cause in a sentence): a hardware fault just before, the job's own application XID,
     the OOM killer, an exception the SDK saw (an exit 0 after one lies), requests dropped by an exit 0, or
     nothing known."""
@@ -110,4 +112,8 @@ def _cause(ctx: DetectionContext, recent: list[Fault], ended: schemas.TaskExit |
         return "software", ("A serving process does not exit 0 with requests in flight unless it died: an engine "
                             "core that crashed and took its front end down cleanly (vLLM #48966). Its requests "
                             "were dropped; counted as a failure.")
+    if serving:
+        return "software", ("Neither Sentinel nor its launcher stopped it, and a serving replica does not end on its "
+                            "own: an engine core that died and took its front end down cleanly (vLLM #48966), or "
+                            "an engine that exited after an error it only logged. Read its log.")
     return "software", "No hardware fault was reported on the node around that time."

@@ -38,3 +38,29 @@ def test_the_agent_reports_an_engine_as_its_placed_task(tmp_path: Path, server: 
 def test_a_bad_target_is_refused_with_the_expected_form(spec: str):
     with pytest.raises(ValueError, match="JOB/RANK=KIND@URL"):
         EngineTarget.parse(spec)
+
+
+def test_an_engine_the_server_assigns_is_scraped_until_its_assignment_goes(tmp_path: Path,
+                                                                           server: tuple[str, dict[str, str]]):
+    """A launcher's replica registered with its engine (`sentinel launch --serve … --engine vllm`): the agent
+    needs no --engine of its own, and a replacement on a new port is followed from the next report."""
+    base, pages = server
+    pages["/metrics"] = (FIXTURES / "vllm_before.txt").read_text()
+    config = AgentConfig(server_url="http://127.0.0.1:9", token="t", node="n1", sources=[], state_dir=tmp_path)
+    agent = Agent(config, sources=[])
+    engine = f"vllm@{base}/metrics#r1"
+    agent.assignments = [Assignment(job_id=7, rank=1, pid=4242, accelerators=[], engine=engine),
+                         Assignment(job_id=7, rank=0, pid=4241, accelerators=[])]
+    [first] = agent.task_telemetry()
+    assert (first.job_id, first.rank, first.pid) == (7, 1, 4242)
+    assert first.serving is not None and (first.serving.source, first.serving.replica) == ("vllm", "r1")
+    pages["/metrics"] = (FIXTURES / "vllm_after.txt").read_text()
+    [second] = agent.task_telemetry()
+    assert second.serving is not None and second.serving.requests > 0, "the same target: its baseline held"
+    replaced = f"vllm@{base}/metrics#r1.a1"
+    agent.assignments = [Assignment(job_id=7, rank=1, pid=4343, accelerators=[], engine=replaced)]
+    [third] = agent.task_telemetry()
+    assert (third.pid, third.serving.replica if third.serving else None) == (4343, "r1.a1")
+    assert third.serving is not None and third.serving.requests == 0, "a new target starts from its baseline"
+    agent.assignments = []
+    assert agent.task_telemetry() == [] and agent.engines.assigned == {}, "its assignment gone, so is the target"

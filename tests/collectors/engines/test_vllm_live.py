@@ -14,36 +14,16 @@ import signal
 import subprocess
 import time
 from collections.abc import Iterator
-from pathlib import Path
 
 import psutil
 import pytest
 
 from collectors.engines import EngineScraper
 from collectors.engines.canary import Canary
+from tests.collectors.engines.tiny_llama import ENV, NEEDS_VLLM, make_model, serve_command
 from tests.live import free_port
 
-VLLM_PYTHON = os.environ.get("SENTINEL_VLLM_PYTHON", "")
-pytestmark = [pytest.mark.slow, pytest.mark.vllm, pytest.mark.timeout(600),
-              pytest.mark.skipif(not VLLM_PYTHON or not Path(VLLM_PYTHON).exists(),
-                                 reason="no vLLM venv: set SENTINEL_VLLM_PYTHON (.ci/run builds one)")]
-
-CONFIG = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 256,
-          "intermediate_size": 512, "num_attention_heads": 4, "num_key_value_heads": 4, "head_dim": 64,
-          "num_hidden_layers": 2, "vocab_size": 512, "max_position_embeddings": 256, "rms_norm_eps": 1e-5,
-          "torch_dtype": "bfloat16", "bos_token_id": 1, "eos_token_id": 2, "tie_word_embeddings": False}
-TOKENIZER = """
-import json, sys
-from tokenizers import Tokenizer, models, pre_tokenizers
-out = sys.argv[1]
-vocab = {"<unk>": 0, "<s>": 1, "</s>": 2, **{f"w{i}": i for i in range(3, 512)}}
-tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
-tok.pre_tokenizer = pre_tokenizers.Whitespace()
-tok.save(out + "/tokenizer.json")
-json.dump({"tokenizer_class": "PreTrainedTokenizerFast", "bos_token": "<s>", "eos_token": "</s>",
-           "unk_token": "<unk>", "model_max_length": 256}, open(out + "/tokenizer_config.json", "w"))
-"""
-
+pytestmark = [pytest.mark.slow, pytest.mark.vllm, pytest.mark.timeout(600), NEEDS_VLLM]
 
 def get(port: int, path: str) -> tuple[int, bytes]:
     conn = http.client.HTTPConnection("127.0.0.1", port, timeout=5)
@@ -70,16 +50,11 @@ def complete(port: int, max_tokens: int = 16) -> dict:  # type: ignore[type-arg]
 
 @pytest.fixture(scope="module")
 def vllm(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[int, subprocess.Popen[bytes]]]:
-    model = tmp_path_factory.mktemp("tiny-llama")
-    (model / "config.json").write_text(json.dumps(CONFIG))
-    subprocess.run([VLLM_PYTHON, "-c", TOKENIZER, str(model)], check=True, timeout=120)
+    model = make_model(tmp_path_factory.mktemp("tiny-llama"))
     port = free_port()
     log = open(model / "vllm.log", "wb")  # noqa: SIM115 - the engine keeps it
-    proc = subprocess.Popen([VLLM_PYTHON, "-m", "vllm.entrypoints.openai.api_server", "--model", str(model),
-                             "--served-model-name", "tiny", "--load-format", "dummy", "--max-model-len", "256",
-                             "--dtype", "bfloat16", "--host", "127.0.0.1", "--port", str(port)],
-                            env={**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_LOGGING_LEVEL": "WARNING"},
-                            stdout=log, stderr=log, start_new_session=True)
+    proc = subprocess.Popen(serve_command(model, str(port)), env={**os.environ, **ENV}, stdout=log, stderr=log,
+                            start_new_session=True)
     try:
         deadline = time.monotonic() + 300
         while time.monotonic() < deadline:
