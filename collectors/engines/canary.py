@@ -51,6 +51,9 @@ class Canary:
         self._confirm = False  # a first failure: the next probe goes at once
         self._last_ok = True
         self._result: CanaryResult | None = None
+        # until the engine first answers at all (any HTTP status), a refused connection is a replica still
+        # starting (vLLM loads for a minute before it listens), not a failure: not reported
+        self._answered = False
 
     # -- the agent's side ---------------------------------------------------------------------------
     def tick(self) -> CanaryResult | None:
@@ -72,7 +75,11 @@ class Canary:
         except Exception as exc:  # a probe must never take the agent down
             result = CanaryResult(at=self.clock(), ok=False, reason="error", detail=f"canary crashed: {exc}"[:300])
         with self._lock:
-            self._running, self._result = False, result
+            self._running = False
+            if not self._answered and result.status is None and not result.ok:
+                log.info("canary: %s does not listen yet (starting): %s", self.base, result.detail)
+                return
+            self._answered, self._result = True, result
             self._confirm, self._last_ok = not result.ok and self._last_ok, result.ok
         if not result.ok:
             log.warning("canary failed: url=%s reason=%s status=%s tokens=%d detail=%s", self.base, result.reason,

@@ -110,6 +110,7 @@ class ServingView:
         self._jobs: dict[int, dict[str, ReplicaStats]] = {}
         self._slos: dict[int, Slo] = {}
         self._totals: dict[int, tuple[dict[str, int], dict[str, int]]] = {}  # job → ({"": requests}, failed)
+        self._retired: dict[int, set[str]] = {}  # job → replicas another replica took the rank of
         self._lock = threading.Lock()
 
     def load(self, jobs: Iterable[tuple[int, dict[str, Any]]]) -> None:
@@ -131,13 +132,18 @@ class ServingView:
     def add(self, node: str, job_id: int, rank: int, stats: ServingStats, now: float) -> None:
         name = stats.replica or f"r{rank}"
         with self._lock:
+            retired = self._retired.setdefault(job_id, set())
+            if name in retired:  # a replaced replica's report that came after its replacement's: not the rank's
+                return
             replicas = self._jobs.setdefault(job_id, {})
             r = replicas.get(name)
             if r is None:
                 # a task runs one replica: another name on its rank is the one it replaced, whose window must
-                # not speak for the rank any more (its last frozen report would stall the replacement's)
+                # not speak for the rank any more (its last frozen report would stall the replacement's), nor
+                # may its reports still on their way take the rank back
                 for other in [n for n, x in replicas.items() if x.rank == rank and x.node == node]:
                     del replicas[other]
+                    retired.add(other)
                 r = replicas[name] = ReplicaStats(name, rank)
             r.rank, r.node, r.stage, r.source, r.last_seen = rank, node, stats.stage, stats.source, now
             r.intervals.append((now, stats))

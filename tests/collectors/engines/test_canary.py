@@ -104,6 +104,32 @@ def test_a_500_and_no_engine_at_all_are_errors() -> None:
     assert result.reason == "error" and result.status is None and "ConnectionRefusedError" in result.detail
 
 
+def test_an_engine_not_listening_yet_is_starting_and_once_it_has_answered_a_refusal_is_a_failure() -> None:
+    """vLLM loads its weights for a minute before it listens: a canary refused then would have the replica
+    replaced before it ever served (it did, in the first vLLM failover run)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    canary = Canary(f"http://127.0.0.1:{port}/metrics", every_seconds=0.0, model="m")
+    results: list[Any] = []
+    for _ in range(5):
+        canary.tick()
+        time.sleep(0.1)
+        results.append(canary.tick())
+    assert [r for r in results if r is not None] == [], "not listening yet: starting, nothing reported"
+    httpd = ThreadingHTTPServer(("127.0.0.1", port), _Refusing)
+    threading.Thread(target=httpd.serve_forever, daemon=True).start()
+    try:
+        first = wait_for(lambda: canary.tick(), timeout=10, what="a canary answered")
+        assert (first.reason, first.status) == ("error", 500), "it answers: its 500 is a failure"
+    finally:
+        httpd.shutdown()
+        httpd.server_close()
+    gone = wait_for(lambda: (r := canary.tick()) is not None and r.status is None and r, timeout=10,
+                    what="the refusal after it had answered")
+    assert gone.reason == "error" and "Connection" in gone.detail  # refused, or reset by the closing server
+
+
 def test_the_agent_starts_one_probe_at_a_time_and_confirms_a_failure_at_once(engine: tuple[str, Path]) -> None:
     url, fault_file = engine
     clock = [1000.0]

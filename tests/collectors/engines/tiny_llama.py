@@ -34,6 +34,7 @@ json.dump({"tokenizer_class": "PreTrainedTokenizerFast", "bos_token": "<s>", "eo
 
 def make_model(where: Path) -> Path:
     """The model directory: its config and tokenizer (the weights are vLLM's dummy ones)."""
+    where.mkdir(parents=True, exist_ok=True)
     (where / "config.json").write_text(json.dumps(CONFIG))
     subprocess.run([VLLM_PYTHON, "-c", TOKENIZER, str(where)], check=True, timeout=120)
     return where
