@@ -202,7 +202,8 @@ def record_task_exit(session: Session, *, node_id: int, job_id: int | None, rank
     failed = not ended and (exit_signal is not None or exit_code != 0 or bool(exception) or in_flight > 0
                                 or serving)
     reason, sentence = describe_exit(exit_code, exit_signal, exception, in_flight, serving)
-    sentence += f" (the job was {job.state})" if ended and job is not None else ""
+    if ended and job is not None:
+        sentence += " (the job was cancelled)" if job.state == "cancelled" else " (the job had finished)"
     task.state = "failed" if failed else "exited"
     task.exit_code, task.exit_signal, task.ended_at = exit_code, exit_signal, observed_at
     task.failure_reason = reason if failed else ""
