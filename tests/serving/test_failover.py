@@ -92,8 +92,10 @@ def test_a_replica_is_replaced_with_its_requests_in_flight_accounted_for(serving
     assert outcome.ok, outcome.detail
     assert "replica r1 → r1.a1" in outcome.detail and "0 failed" in outcome.detail, outcome.detail
     in_flight = int(outcome.detail.split(" request(s) in flight")[0].rsplit(" ", 1)[1])
-    if fault:
-        assert f"the rest cut at its stop; meanwhile 0 retried, {in_flight} resumed elsewhere" in outcome.detail
+    if fault:  # each stream cut: resumed from its text so far, or retried if it had sent no text yet (a load race)
+        moved = outcome.detail.split("the rest cut at its stop; meanwhile ")[1].split(", 0 failed")[0]
+        retried, resumed = (int(part.split()[0]) for part in moved.split(", "))
+        assert retried + resumed == in_flight and resumed >= 1, outcome.detail
     else:
         assert "all finished on it; meanwhile 0 retried, 0 resumed" in outcome.detail
     assert [r.rank for r in local.ranks] == [0, 1] and local.ranks[1].proc.pid != old_pid
