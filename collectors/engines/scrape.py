@@ -334,18 +334,19 @@ class Scraper:
         return body
 
 
-def fetch(url: str, timeout_seconds: float) -> tuple[str | None, str | None]:
+def fetch(url: str, timeout_seconds: float, *, max_bytes: int = MAX_BODY_BYTES,
+          accept: str = "text/plain;version=0.0.4") -> tuple[str | None, str | None]:
     """(the page's text, None) or (None, why not): stdlib only, the agent adds no HTTP client for this."""
-    request = urllib.request.Request(url, headers={"Accept": "text/plain;version=0.0.4"})
+    request = urllib.request.Request(url, headers={"Accept": accept})
     try:
         with urllib.request.urlopen(request, timeout=timeout_seconds) as response:
             if response.status != 200:
                 return None, f"HTTP {response.status}"
-            body: bytes = response.read(MAX_BODY_BYTES + 1)
+            body: bytes = response.read(max_bytes + 1)
     except urllib.error.HTTPError as exc:
         return None, f"HTTP {exc.code}"
     except (urllib.error.URLError, http.client.HTTPException, OSError, ValueError) as exc:
         return None, f"{type(exc).__name__}: {exc}"
-    if len(body) > MAX_BODY_BYTES:
-        return None, f"page over {MAX_BODY_BYTES} bytes"
+    if len(body) > max_bytes:
+        return None, f"page over {max_bytes} bytes"
     return body.decode("utf-8", errors="replace"), None

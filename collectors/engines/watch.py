@@ -10,6 +10,9 @@ tasks placed elsewhere.
 Each target also gets an active canary (canary.py) on the same host and port, every `canary_seconds` (0: none):
 its latest result rides in the target's stats, or alone when the /metrics page did not answer.
 
+Each target's fault-tolerance status (fault_tolerance.py: `GET /fault_tolerance/status`, where the engine
+exposes it) is read once per interval too and rides in the same stats, or alone, like the canary's result.
+
 Targets also come from the server: a launcher that runs serving replicas (`sentinel launch --serve … --engine
 vllm`) registers each replica's task with its engine (`KIND@URL#REPLICA`, loopback only), and the report's ack
 hands it to this node's agent with the task's assignment. Such a target lives as long as its assignment: a
@@ -25,6 +28,7 @@ from dataclasses import dataclass, field
 
 from collectors.engines import ENGINES, EngineScraper
 from collectors.engines.canary import Canary
+from collectors.engines.fault_tolerance import FaultToleranceReader
 from sentinel.telemetry.schemas import Assignment, SdkBatch
 from sentinel.telemetry.serving import ServingStats
 
@@ -39,6 +43,7 @@ class EngineTarget:
     rank: int
     scraper: EngineScraper
     canary: Canary | None = None
+    fault_tolerance: FaultToleranceReader | None = None
     unplaced_said: bool = field(default=False)
 
     @classmethod
@@ -50,7 +55,7 @@ class EngineTarget:
         scraper = EngineScraper(m["kind"], m["url"], replica=m["replica"], stage=m["stage"] or "mixed",  # type: ignore[arg-type]
                                 timeout_seconds=timeout_seconds)
         canary = Canary(m["url"], every_seconds=canary_seconds) if canary_seconds > 0 else None
-        return cls(int(m["job"]), int(m["rank"]), scraper, canary)
+        return cls(int(m["job"]), int(m["rank"]), scraper, canary, FaultToleranceReader(m["url"]))
 
 
 class EngineWatch:
@@ -94,10 +99,11 @@ class EngineWatch:
             t.unplaced_said = False
             stats = t.scraper.scrape()
             probed = t.canary.tick() if t.canary is not None else None
-            if probed is not None:
+            status = t.fault_tolerance.read() if t.fault_tolerance is not None else None
+            if probed is not None or status is not None:
                 stats = stats or ServingStats(source=t.scraper.engine.source, replica=t.scraper.replica,
                                               stage=t.scraper.stage)
-                stats.canary = probed
+                stats.canary, stats.fault_tolerance = probed, status
             if stats is not None:
                 out.append(SdkBatch(job_id=t.job_id, rank=t.rank, pid=pid, serving=stats))
         return out

@@ -20,6 +20,15 @@ def count_by_health(session: Session) -> dict[str, int]:
     return counts
 
 
+def out_of_service(session: Session, uuids: list[str]) -> dict[str, str]:
+    """Of `uuids`, those not healthy: uuid → health (quarantined, suspect)."""
+    if not uuids:
+        return {}
+    return {uuid: health for uuid, health in session.execute(
+        select(Accelerator.uuid, Accelerator.health).where(Accelerator.uuid.in_(uuids),
+                                                           Accelerator.health != "healthy"))}
+
+
 class AcceleratorNotFound(LookupError):
     pass
 

@@ -5,8 +5,9 @@ for any other authenticated POST/PUT/PATCH/DELETE, and for every one that failed
 `http.<method>` with the path as subject and the status in `detail`, after the response was sent.
 
 Not audited row by row, on purpose: node reports (`POST /nodes/{node}/reports`, ~1,000/s at fleet scale;
-their record is the ingest receipt on (node, seq)) and checkpoint shard registration (`PUT …/shards/{rank}`;
-its record is the shard row, and the step's commit is audited). Unauthenticated (401) and rate-limited (429)
+their record is the ingest receipt on (node, seq)), checkpoint shard registration (`PUT …/shards/{rank}`;
+its record is the shard row, and the step's commit is audited) and a router's queue (`PUT …/serving/router`, a
+gauge said at each change). Unauthenticated (401) and rate-limited (429)
 calls are counted, not audited: a flood of them must not become a flood of rows.
 """
 
@@ -26,7 +27,8 @@ from sentinel.db import transaction
 log = logging.getLogger("sentinel.audit")
 
 STATE_CHANGING = frozenset({"POST", "PUT", "PATCH", "DELETE"})
-HIGH_VOLUME = re.compile(r"^/api/v1/(nodes/[^/]+/reports|jobs/[^/]+/checkpoints/[^/]+/shards/[^/]+)/?$")
+HIGH_VOLUME = re.compile(r"^/api/v1/(nodes/[^/]+/reports|jobs/[^/]+/checkpoints/[^/]+/shards/[^/]+"
+                         r"|jobs/[^/]+/serving/router)/?$")
 NOT_AUDITED_STATUS = frozenset({401, 429})
 
 

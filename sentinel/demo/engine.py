@@ -13,7 +13,8 @@ Faults come from a file (`--fault-file`, re-read each step; `{replica}` in its p
 one replica can be broken alone), one word: `empty` (200 and no token, the failed
 decode of vllm-ascend #13165), `freeze` (the scheduler stops: streams hang mid-answer, Dynamo #13675),
 `truncate` (a stream closes after its first token without `[DONE]`), `exit0` (the process exits 0 with requests
-in flight, vLLM #48966), `crash` (exits 1). Nothing else, and no fault file, is healthy.
+in flight, vLLM #48966), `crash` (exits 1), `engine_core` (an engine core fails and waits for an instruction on the
+fault-tolerance API, `--enable-fault-tolerance`: fault_tolerance.py). Nothing else, and no fault file, is healthy.
 """
 
 from __future__ import annotations
@@ -28,10 +29,11 @@ from collections import deque
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
+from sentinel.demo.fault_tolerance import APPLY_PATHS, STATUS_PATHS, FaultTolerance
 from sentinel.serving.router import QuietServer, send_json
 
 MODEL = "sentinel-demo-engine"
-FAULTS = ("empty", "freeze", "truncate", "exit0", "crash")
+FAULTS = ("empty", "freeze", "truncate", "exit0", "crash", "engine_core")
 DONE = object()
 
 
@@ -46,7 +48,8 @@ class Sequence:
 
 class Engine:
     def __init__(self, *, max_batch: int = 32, step_seconds: float = 0.01, per_request_seconds: float = 0.002,
-                 prefill_seconds_per_token: float = 0.0002, fault_file: str | None = None, requests: Any = None):
+                 prefill_seconds_per_token: float = 0.0002, fault_file: str | None = None, requests: Any = None,
+                 ft: FaultTolerance | None = None):
         self.max_batch = max_batch
         self.step_seconds, self.per_request_seconds = step_seconds, per_request_seconds
         self.prefill_seconds_per_token = prefill_seconds_per_token
@@ -56,6 +59,7 @@ class Engine:
         self.running: list[Sequence] = []
         self.wake = threading.Condition()
         self.steps = 0
+        self.ft = ft or FaultTolerance()
         threading.Thread(target=self._loop, name="engine-scheduler", daemon=True).start()
 
     def fault(self) -> str | None:
@@ -89,7 +93,10 @@ class Engine:
                 batch = list(self.running)
                 self._gauges()
             fault = self.fault()
-            if fault in ("exit0", "crash"):
+            if self.ft.takes(fault) and self.ft.enabled:
+                self.ft.fail(self._abort)
+                continue
+            if fault in ("exit0", "crash") or self.ft.takes(fault):
                 os._exit(0 if fault == "exit0" else 1)
             if fault == "freeze":
                 time.sleep(0.05)
@@ -115,6 +122,17 @@ class Engine:
             with self.wake:
                 self.running = [s for s in self.running if s.produced < s.max_tokens]
 
+    def _abort(self) -> None:
+        """Every request it holds ends, its stream cut (an engine core's failure aborts them)."""
+        with self.wake:
+            for seq in [*self.running, *self.waiting]:
+                seq.out.put(None)
+            self.running, self.waiting = [], deque()
+
+    def _set_limit(self, change: Any) -> None:
+        with self.wake:
+            self.max_batch = change(self.max_batch)
+
     def _gauges(self) -> None:
         if self.requests is not None:
             self.requests.set_state(running=len(self.running), waiting=len(self.waiting), batch_limit=self.max_batch,
@@ -134,12 +152,21 @@ class Handler(BaseHTTPRequestHandler):
     def do_GET(self) -> None:
         if self.path == "/v1/models":
             self._json(200, {"object": "list", "data": [{"id": MODEL, "object": "model"}]})
+        elif self.path in STATUS_PATHS and self.engine.ft.enabled:
+            self._json(200, self.engine.ft.status())
         elif self.path == "/health":
             self._json(200, {"status": "ok", "running": len(self.engine.running), "waiting": len(self.engine.waiting)})
         else:
             self._json(404, {"error": f"no {self.path}"})
 
     def do_POST(self) -> None:
+        if self.path in APPLY_PATHS and self.engine.ft.enabled:
+            try:
+                body = json.loads(self.rfile.read(min(int(self.headers.get("content-length") or 0), 1 << 16)))
+            except ValueError:
+                body = None
+            self._json(*self.engine.ft.apply(body, self.engine._set_limit))
+            return
         if self.path == "/sentinel/batch_limit":  # the batching controller's adjust order, through the launcher
             try:
                 limit = int(json.loads(self.rfile.read(int(self.headers.get("content-length") or 0)))["limit"])
@@ -235,6 +262,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--replica", default=os.environ.get("SENTINEL_REPLICA"))
     p.add_argument("--stage", default=os.environ.get("SENTINEL_STAGE", "mixed"))
     p.add_argument("--no-telemetry", action="store_true", help="no SDK (no Sentinel agent to report to)")
+    p.add_argument("--enable-fault-tolerance", action="store_true",
+                   default=os.environ.get("ENGINE_FAULT_TOLERANCE") == "1",
+                   help="serve the fault-tolerance API (the project's stand-in: fault_tolerance.py)")
     args = p.parse_args(argv)
     replica = args.replica or f"r{os.environ.get('RANK', '0')}"
     requests = None
@@ -246,7 +276,8 @@ def main(argv: list[str] | None = None) -> int:
     engine = Engine(max_batch=args.max_batch, step_seconds=args.step_seconds,
                     per_request_seconds=args.per_request_seconds,
                     prefill_seconds_per_token=args.prefill_seconds_per_token, fault_file=fault_file,
-                    requests=requests)
+                    requests=requests, ft=FaultTolerance(enabled=args.enable_fault_tolerance,
+                                                          rank=int(os.environ.get("RANK", "0"))))
     httpd = serve(engine, args.host, args.port)
     print(f"engine serving on http://{args.host}:{httpd.server_address[1]} (max batch {args.max_batch})", flush=True)
     threading.Event().wait()

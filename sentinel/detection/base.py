@@ -59,6 +59,9 @@ class DetectionContext:
     network: NetworkView | None = None  # the probe mesh and RDMA ports (sentinel/network/)
     diagnosis: Diagnoser | None = None  # step-time decomposition and slowdown attribution (sentinel/diagnosis/)
     serving: ServingView | None = None  # serving replicas' request signals (sentinel/serving/)
+    open_incidents: Callable[[], list[OpenIncident]] = list  # the incidents not resolved (the lifecycle's view)
+    # of these accelerators, those out of service: uuid → health (quarantined, suspect); asked rarely (SQL)
+    out_of_service: Callable[[list[str]], dict[str, str]] = lambda uuids: {}
 
     def node_of(self, uuid: str) -> str | None:
         for live in self.fleet.all():
@@ -98,6 +101,11 @@ class Detector:
     def on_report(self, ctx: DetectionContext, live: NodeLive, report: NodeReport,
                   exits: list[ClosedTask]) -> list[Finding]:
         return []
+
+    def wants_evaluation(self, ctx: DetectionContext, live: NodeLive, report: NodeReport) -> bool:
+        """A periodic detector whose condition this report may just have made true: evaluated now, off the
+        request, rather than at its next turn of the schedule. Runs on every report: a cheap look only."""
+        return False
 
     def evaluate(self, ctx: DetectionContext, now: float) -> Evaluation:
         return Evaluation([], 0)

@@ -61,10 +61,12 @@ class DetectionEngine:
         self._last_run: dict[str, float] = {}
         self._worker: QueueWorker[list[Finding]] = QueueWorker("sentinel-incidents", self._write)
         self._eval_lock = threading.Lock()
+        self._early: set[str] = set()  # periodic detectors with an early evaluation under way
 
     # -- event-driven ---------------------------------------------------------------------------------
     def on_report(self, live: NodeLive, report: NodeReport, exits: list[ClosedTask]) -> None:
         """Ingest listener (runs on the event loop): remember faults, run event detectors, queue findings."""
+        self._evaluate_early(live, report)
         placed = self.ctx.assignments().get(live.id, []) if report.events else []
         for event in report.events:
             entry = self.ctx.catalog.lookup(event)
@@ -82,6 +84,28 @@ class DetectionEngine:
                 self._failed(detector.name)
         if findings:
             self._worker.put(findings)
+
+    def _evaluate_early(self, live: NodeLive, report: NodeReport) -> None:
+        """A periodic detector this report may have tripped runs now on its own thread (one at a time per
+        detector), so a frozen replica waits for no turn of the schedule (`detection_interval_seconds`)."""
+        for name, detector in self.detectors.items():
+            if not detector.periodic or name in self._early:
+                continue
+            try:
+                wanted = detector.wants_evaluation(self.ctx, live, report)
+            except Exception:
+                self._failed(name)
+                continue
+            if wanted:
+                self._early.add(name)
+                threading.Thread(target=self._early_run, args=(name,), name=f"sentinel-early-{name}",
+                                 daemon=True).start()
+
+    def _early_run(self, name: str) -> None:
+        try:
+            self.evaluate(only=name)
+        finally:
+            self._early.discard(name)
 
     def replay(self, session: Session) -> int:
         """On taking the lead: record what the stored agent events of the last minutes should have opened

@@ -28,7 +28,8 @@ import httpx
 
 from sentinel.client import ApiError, SentinelClient
 from sentinel.launcher.local import STOP_GRACE_SECONDS, LocalProcesses, Rank
-from sentinel.remediation.executors.base import Action, JobRef
+from sentinel.launcher.router_queue import RouterQueueReporter
+from sentinel.remediation.executors.base import Action, JobRef, adjust_purpose
 
 # A server that is away, or a standby still taking over, is asked again for this long before a launcher gives up.
 RETRY_SECONDS = 60.0
@@ -72,6 +73,7 @@ class Launcher:
         self._wake = threading.Event()  # an order came, or a process ended
         self._closing = False
         self.restarts: list[dict[str, Any]] = []  # (order id, attempt, seconds from order to ranks started)
+        self.router_queue: RouterQueueReporter | None = None
 
     @property
     def job_id(self) -> int:
@@ -111,9 +113,11 @@ class Launcher:
                 continue
             fresh = [o for o in orders if o["id"] not in seen and o["state"] == "pending"]
             restarts = [o for o in fresh if o["kind"] != "adjust"]
-            adjusts = [o for o in fresh if o["kind"] == "adjust"]  # a batch limit: the newest counts
-            chosen = ([max(restarts, key=lambda o: o["attempt"])] if restarts else []) + (
-                [max(adjusts, key=lambda o: o["created_at"])] if adjusts else [])
+            # of adjusts, the newest of each purpose counts (a batch limit; an instruction to the engines)
+            newest: dict[str, dict[str, Any]] = {}
+            for o in sorted((o for o in fresh if o["kind"] == "adjust"), key=lambda o: o["created_at"]):
+                newest[adjust_purpose(o.get("params"))] = o
+            chosen = ([max(restarts, key=lambda o: o["attempt"])] if restarts else []) + list(newest.values())
             if chosen:
                 seen.update(o["id"] for o in fresh)
                 with self._orders_lock:
@@ -200,6 +204,8 @@ class Launcher:
         finally:
             self._closing = True
             self._stop.set()
+            if self.router_queue is not None:
+                self.router_queue.close()
             self.local.close()
             for sig, handler in previous.items():
                 signal.signal(sig, handler)
@@ -224,3 +230,6 @@ class Launcher:
         self.say(f"job {self.job_id} registered; {self.nproc} rank(s)")
         self.local.start_attempt(placement, 0)
         threading.Thread(target=self._poll_orders, name="sentinel-launch-orders", daemon=True).start()
+        router = getattr(self.local, "router", None)  # a serving job's (sentinel/launcher/replicas.py)
+        if router is not None:  # its queue, for the batching controller (sentinel/launcher/router_queue.py)
+            self.router_queue = RouterQueueReporter(router, self.client, lambda: self.job_id).start()

@@ -90,6 +90,9 @@ class ServingProcesses(LocalProcesses):
         return super().execute(action)
 
     def adjust(self, order: dict[str, Any]) -> Outcome:
+        if "fault_tolerance" in (order.get("params") or {}):  # an instruction to the engines: retry, scale_down
+            from sentinel.launcher.fault_tolerance import apply_order
+            return apply_order(order, self.names, self.ports)
         limit = int((order.get("params") or {}).get("batch_limit", 0))
         if limit < 1:
             return Outcome(False, f"order {order.get('id')}: adjust without a batch_limit of 1 or more")

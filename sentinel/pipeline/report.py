@@ -96,7 +96,8 @@ class ReportPipeline:
             jobs.add(live.name, tasks, self.clock.time())
             for task in tasks:
                 if task.serving is not None:
-                    self.live.serving.add(live.name, task.job_id, task.rank, task.serving, self.clock.time())
+                    self.live.serving.add(live.name, task.job_id, task.rank, task.serving, self.clock.time(),
+                                          pid=task.pid)
         if report.probes or report.nics:
             self.live.network.reported(live.name, report.probes, report.nics, self.clock.time())
         if self.diagnosis is not None:  # the step decomposition, host memory, experiment results

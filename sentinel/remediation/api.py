@@ -16,7 +16,7 @@ from sentinel.auth.deps import LAUNCH, OPERATE, READ, allow
 from sentinel.auth.service import Principal
 from sentinel.clock import to_datetime
 from sentinel.db import transaction
-from sentinel.deps import IdPath, IdQuery, IncidentLog, Remediation, ServerClock, Sessions, not_found
+from sentinel.deps import IdPath, IdQuery, IncidentLog, Live, Remediation, ServerClock, Sessions, not_found
 from sentinel.errors import CONFLICT
 from sentinel.jobs.service import JobNotFound, get_job
 from sentinel.nodes.service import agent_urls
@@ -76,11 +76,12 @@ async def job_orders(job_id: IdPath, sessions: Sessions, remediation: Remediatio
 
 
 @router.post("/orders/{order_id}/ack", response_model=OrderOut, responses=CONFLICT)
-def ack_order(order_id: str, sessions: Sessions, clock: ServerClock, incidents: IncidentLog,
+def ack_order(order_id: str, sessions: Sessions, clock: ServerClock, incidents: IncidentLog, live: Live,
               who: Annotated[Principal, Depends(allow(LAUNCH))],
               body: Annotated[OrderAck | None, Body()] = None) -> OrderOut:
     """`acknowledged` (taken), then `done` (the new attempt is started) or `failed`. Repeating an ack is a
-    no-op; an ack never moves an order backwards."""
+    no-op; an ack never moves an order backwards. A replace_replica done retires the replaced replicas'
+    serving signals: the old replica is stopped, and its last reports, still on their way, speak for no one."""
     ack = body or OrderAck()
     with transaction(sessions) as session:
         order = session.get(Order, order_id)
@@ -96,6 +97,12 @@ def ack_order(order_id: str, sessions: Sessions, clock: ServerClock, incidents: 
                    reason=ack.detail, detail={"job": order.job_id, "attempt": order.attempt})
         incident_id = order.incident_id
         out = _order_out(session, order)
+        if moved and ack.status == "done" and order.kind == "replace_replica":
+            slots = order.placement or []
+            marked = [int(s["rank"]) for s in slots if s.get("replace")] or [int(s["rank"]) for s in slots]
+            retired = live.serving.replaced(order.job_id, marked, order.created_at.timestamp())
+            if retired:
+                log.info("replicas retired: job=%d order=%s replicas=%s", order.job_id, order_id, retired)
     log.info("order %s: order=%s job=%d attempt=%d by=%s %s", ack.status, order_id, out.job_id, out.attempt,
              who.actor, ack.detail)
     if incident_id is not None and out.state == ack.status:

@@ -40,7 +40,7 @@ from sentinel.live.jobs import JobTelemetry
 from sentinel.nodes.commands import CommandQueue
 from sentinel.nodes.models import Node
 from sentinel.remediation import executors as executor_pkg
-from sentinel.remediation import orders, policy, service
+from sentinel.remediation import instruct, orders, policy, service
 from sentinel.remediation.breaker import Breaker
 from sentinel.remediation.executors.base import EXECUTORS, Action, Executor
 from sentinel.remediation.executors.launcher import LauncherExecutor, OrderBoard
@@ -172,6 +172,9 @@ class RemediationEngine:
             job_id = d.job_id
             self._run(incident_id, lambda s, ctx: service.restart_in_place(s, ctx, incident_id, job_id,
                                                                            after_failure=d.after_failure))
+        elif d.flow == "instruct_engine" and d.job_id is not None:
+            job = d.job_id
+            self._run(incident_id, lambda s, ctx: instruct.instruct_engine(s, ctx, incident_id, job))
 
     def take_out(self, incident_id: int | None, uuids: list[str], *, drain: str | None, actor: str = "sentinel",
                  bypass_breaker: bool = False) -> Outcome:

@@ -14,6 +14,7 @@ from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
 from sentinel.jobs.models import Job, Task
+from sentinel.remediation.executors.base import adjust_purpose
 from sentinel.remediation.models import Order
 
 log = logging.getLogger("sentinel.orders")
@@ -59,14 +60,15 @@ def close_finished(session: Session, job_id: int, state: str) -> int:
 
 
 def create_adjust(session: Session, *, job: Job, params: dict[str, Any], reason: str, now: datetime,
-                  ack_seconds: float) -> Order:
-    """A change to a running serving job (its batch limit): no new attempt, the job stays as it is; a pending
-    adjust it makes obsolete is superseded."""
+                  ack_seconds: float, incident_id: int | None = None) -> Order:
+    """A change to a running serving job (its batch limit, an instruction to its engines): no new attempt, the
+    job stays as it is; a pending adjust of the same purpose it makes obsolete is superseded."""
     for old in session.scalars(select(Order).where(Order.job_id == job.id, Order.state == "pending",
                                                    Order.kind == "adjust")):
-        old.state, old.result = "superseded", "a newer adjustment replaced it"
+        if adjust_purpose(old.params) == adjust_purpose(params):
+            old.state, old.result = "superseded", "a newer adjustment replaced it"
     order = Order(id=str(uuid.uuid4()), job_id=job.id, kind="adjust", attempt=latest_attempt(session, job.id) or 0,
-                  placement=[], params=params, reason=reason[:512], incident_id=None, state="pending",
+                  placement=[], params=params, reason=reason[:512], incident_id=incident_id, state="pending",
                   created_at=now, deadline_at=now + timedelta(seconds=ack_seconds))
     session.add(order)
     session.flush()

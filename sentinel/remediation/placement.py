@@ -48,18 +48,27 @@ class Inventory:
         free: set[str] = set()
         labels: dict[str, dict[str, str]] = {}
         busy: set[str] = set()
-        for task in session.scalars(select(Task).where(Task.state == "running")):
-            if task.job_id != job_id:
-                busy.update(task.accelerators)
-        rows = session.execute(select(Accelerator, Node).join(Node, Node.id == Accelerator.node_id)
+        nodes: dict[int, tuple[str, str]] = {}  # id → (name, state)
+        for task_job, accelerators in session.execute(select(Task.job_id, Task.accelerators)
+                                                      .where(Task.state == "running")):
+            if task_job != job_id:
+                busy.update(accelerators)
+        # Plain columns, not ORM objects: at 100,000 accelerators the objects took seconds of the GIL per load,
+        # and a fault's remediation loads the fleet twice (the breaker, then the moves).
+        for node_id, name, node_labels, node_state in session.execute(
+                select(Node.id, Node.name, Node.labels, Node.state)):
+            labels[name] = {str(k): str(v) for k, v in (node_labels or {}).items()}
+            nodes[node_id] = (name, (node_states or {}).get(name, node_state))
+        rows = session.execute(select(Accelerator.uuid, Accelerator.node_id, Accelerator.index, Accelerator.model,
+                                      Accelerator.memory_total_bytes, Accelerator.health)
                                .where(Accelerator.present.is_(True)))
-        for acc, node in rows:
-            slots[acc.uuid] = Slot(acc.uuid, node.name, acc.index, acc.model, acc.memory_total_bytes)
-            labels[node.name] = {str(k): str(v) for k, v in (node.labels or {}).items()}
-            state = (node_states or {}).get(node.name, node.state)
-            if acc.health == "healthy" and state == "active" and acc.uuid not in busy:
-                free.add(acc.uuid)
-        return cls(slots=slots, free=free, node_labels=labels)
+        for uuid, node_id, index, model, memory, health in rows:
+            name, state = nodes[node_id]
+            slots[uuid] = Slot(uuid, name, index, model, memory)
+            if health == "healthy" and state == "active" and uuid not in busy:
+                free.add(uuid)
+        held = {slot.node for slot in slots.values()}  # nodes with a present accelerator, as before
+        return cls(slots=slots, free=free, node_labels={n: labels[n] for n in held})
 
 
 @dataclass(frozen=True)

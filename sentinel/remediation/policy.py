@@ -11,6 +11,7 @@ incident. The other functions here are the rules a flow applies once it runs (re
 | page (a fleet-wide finding)         | fleet-wide (escalate)| nothing; weighs its nodes  |
 | probe (statistical evidence)        | probe first          | the accelerator            |
 | restart_task                        | restart the job      | the job                    |
+| instruct_engine (engine_fault)      | instruct the engine  | the job (an adjust order)  |
 | record, or anything else            | nothing              |                            |
 
 A take-out whose latest observation is older than the breaker's window (a spool replayed after a partition,
@@ -25,7 +26,8 @@ from typing import Literal
 
 from sentinel.jobs.models import FINISHED_STATES
 
-Flow = Literal["take_out_accelerator", "take_out_node", "fleet_wide", "probe", "restart_job", "stale", "nothing"]
+Flow = Literal["take_out_accelerator", "take_out_node", "fleet_wide", "probe", "restart_job", "instruct_engine",
+               "stale", "nothing"]
 TAKES_OUT: frozenset[Flow] = frozenset({"take_out_accelerator", "take_out_node"})
 
 DECISIONS: dict[str, Flow] = {
@@ -36,6 +38,7 @@ DECISIONS: dict[str, Flow] = {
     "page": "fleet_wide",
     "probe": "probe",
     "restart_task": "restart_job",
+    "instruct_engine": "instruct_engine",  # retry / scale_down, as the incident's evidence decided (engine_fault)
     "record": "nothing",
 }
 SERVING_KINDS = frozenset({"serving"})
@@ -87,6 +90,8 @@ def decide(facts: Facts) -> Decision:
         return Decision(flow, accelerators=(facts.accelerator,))
     if flow == "restart_job" and facts.job_id is not None:
         return Decision(flow, job_id=facts.job_id, after_failure=facts.detector == "task_exit")
+    if flow == "instruct_engine" and facts.job_id is not None:
+        return Decision(flow, job_id=facts.job_id)
     return NOTHING
 
 

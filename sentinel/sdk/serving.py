@@ -15,6 +15,7 @@ failure said is counted failed "empty" (a failed decode answering 200 with an em
 
 from __future__ import annotations
 
+import re
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -26,6 +27,8 @@ from sentinel.sdk.buckets import bucket
 STAGES = ("encode", "prefill", "decode")
 REASONS = ("error", "empty", "truncated", "timeout", "cancelled", "rejected", "kv_transfer")
 MAX_INFLIGHT = 100_000
+MAX_KV_PEERS = 64  # as sentinel/telemetry/serving.py: more peers in an interval count without one
+PEER_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:-]{0,63}")  # a replica's name, as the wire's
 
 
 class Request:
@@ -54,7 +57,7 @@ class Request:
         self.tokens = 0
         self.itl: list[float] = []
         self.stages: dict[str, float] = {}
-        self.kv: list[tuple[float, int, bool]] = []
+        self.kv: list[tuple[float, int, bool, str | None]] = []
         self.failure: str | None = None
         self.prompt_tokens = prompt_tokens
 
@@ -79,10 +82,13 @@ class Request:
         if name in STAGES and seconds >= 0:
             self.stages[name] = self.stages.get(name, 0.0) + seconds
 
-    def kv_transfer(self, seconds: float, nbytes: int = 0, ok: bool = True) -> None:
-        """A KV-cache transfer for this request (from its prefill replica, say): seconds, bytes, whether it worked."""
+    def kv_transfer(self, seconds: float, nbytes: int = 0, ok: bool = True, peer: str | None = None) -> None:
+        """A KV-cache transfer for this request: seconds, bytes, whether it worked, and `peer`, the replica it came
+        from (its prefill replica, "p1"), so an incident can name the side that is slow. A peer whose name is not
+        a replica name (letters, digits, `._:-`, at most 64) is not said."""
         if seconds >= 0 and len(self.kv) < 64:
-            self.kv.append((seconds, max(int(nbytes), 0), ok))
+            named = peer if isinstance(peer, str) and PEER_NAME.fullmatch(peer) else None
+            self.kv.append((seconds, max(int(nbytes), 0), ok, named))
 
     def fail(self, reason: str = "error") -> None:
         """The request failed: error, empty, truncated, timeout, cancelled, rejected or kv_transfer."""
@@ -110,6 +116,7 @@ class Requests:
         self._hist: dict[str, dict[int, int]] = {}
         self._sums: dict[str, float] = {}
         self._joint: dict[str, int] = {}
+        self._kv_peers: dict[str, dict[str, float]] = {}  # peer → seconds, count, failures, bytes
 
     @contextmanager
     def request(self, prompt_tokens: int = 0) -> Iterator[Request]:
@@ -149,10 +156,12 @@ class Requests:
                 self._count("queue", queued_until - req.started)
             for name, seconds in req.stages.items():
                 self._count(name, seconds)
-            for seconds, nbytes, ok in req.kv:
+            for seconds, nbytes, ok, peer in req.kv:
                 self._count("kv_transfer", seconds)
                 self._kv_bytes += nbytes
                 self._kv_failures += 0 if ok else 1
+                if peer is not None:
+                    self._count_peer(peer, seconds, nbytes, ok)
             for gap in req.itl:
                 self._count("itl", gap)
             if req.first_token_at is not None:  # a truncated stream's first token was real: its TTFT counts
@@ -202,6 +211,17 @@ class Requests:
         hist[k] = hist.get(k, 0) + 1
         self._sums[signal] = self._sums.get(signal, 0.0) + max(seconds, 0.0)
 
+    def _count_peer(self, peer: str, seconds: float, nbytes: int, ok: bool) -> None:
+        sums = self._kv_peers.get(peer)
+        if sums is None:
+            if len(self._kv_peers) >= MAX_KV_PEERS:
+                return
+            sums = self._kv_peers[peer] = {"seconds": 0.0, "count": 0, "failures": 0, "bytes": 0}
+        sums["seconds"] += seconds
+        sums["count"] += 1
+        sums["failures"] += 0 if ok else 1
+        sums["bytes"] += nbytes
+
     def pending(self) -> bool:
         with self._lock:
             return bool(self._requests or self._open or self._gauges or self._preemptions)
@@ -211,6 +231,7 @@ class Requests:
         now = self.clock()
         with self._lock:
             oldest = min((r.started for r in self._open.values()), default=None)
+            streaming = sum(1 for r in self._open.values() if r.first_token_at is not None)
             out: dict[str, Any] = {
                 "source": "sdk", "replica": self.replica, "stage": self.stage, "requests": self._requests,
                 "failed": self._failed, "output_tokens": self._output, "prompt_tokens": self._prompt,
@@ -220,6 +241,9 @@ class Requests:
                 "running": self._gauges.get("running", len(self._open)), **{
                     k: v for k, v in self._gauges.items() if k != "running"},
                 "oldest_inflight_seconds": None if oldest is None else round(now - oldest, 4),
-                "last_token_at": self._token_at}
+                "streaming": streaming, "last_token_at": self._token_at}
+            if self._kv_peers:  # only where a peer was said: a server that predates it takes the rest
+                out["kv_transfer_peers"] = {peer: {**sums, "seconds": round(sums["seconds"], 6)}
+                                            for peer, sums in self._kv_peers.items()}
             self._reset()
         return out

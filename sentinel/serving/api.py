@@ -4,12 +4,12 @@ from __future__ import annotations
 
 from fastapi import APIRouter, Depends, HTTPException
 
-from sentinel.auth.deps import READ, allow
+from sentinel.auth.deps import LAUNCH, READ, allow
 from sentinel.deps import IdPath, Live, ServerClock, Sessions
 from sentinel.jobs import service
 from sentinel.jobs.models import Job
 from sentinel.live.view import LiveView
-from sentinel.serving.schemas import ReplicaServing, ServingOut, SloSpec
+from sentinel.serving.schemas import ReplicaServing, RouterQueue, ServingOut, SloSpec
 from sentinel.serving.signals import BURN_WINDOWS, burn_rates, summary
 
 router = APIRouter(prefix="/jobs", tags=["serving"])
@@ -26,6 +26,18 @@ def serving(job_id: IdPath, sessions: Sessions, live: Live, clock: ServerClock) 
         placement = service.current_placement(session, job_id)
         model_bytes = (job.attributes or {}).get("model_bytes")
     return build(live, job_id, clock.time(), placement, model_bytes)
+
+
+@router.put("/{job_id}/serving/router", response_model=RouterQueue, dependencies=[Depends(allow(LAUNCH))])
+def router_queue(job_id: IdPath, body: RouterQueue, sessions: Sessions, live: Live,
+                 clock: ServerClock) -> RouterQueue:
+    """The requests the job's router holds for admission: the batching controller counts them with the
+    engines' own queues (an engine the router holds to its limit says none)."""
+    with sessions() as session:
+        if session.get(Job, job_id) is None:
+            raise HTTPException(404, f"job {job_id} not found")
+    live.serving.set_router_waiting(job_id, body.waiting, clock.time())
+    return body
 
 
 def build(live: LiveView, job_id: int, now: float, placement: dict[int, list[str]],

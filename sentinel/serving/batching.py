@@ -7,6 +7,10 @@ queues:
 - otherwise, requests waiting, TPOT p99 under `headroom` × its target: room to admit more: the limit +
   `increase`, or + the queue per replica where that is more, at most doubling (the queue is what makes TTFT
   miss during a spike, and a spike does not wait for steps of 2);
+- and, with TPOT p99 under `slack` × its target, the limit kept at `spare` × the most requests one replica ran
+  at once in the window (at most doubling per tick): a limit the load already reaches half of queues the next
+  burst, and while TPOT is far from its target a larger batch costs it little (a spike that comes finds room,
+  where a controller that waits for a queue is seconds late: TTFT misses while it climbs);
 - otherwise the limit stays.
 Guarded: within [`min_limit`, `max_limit`]; after a change no cut for `cooldown_seconds` (its effect must
 reach the window first), and after a cut no raise either (hysteresis); a raise may follow a raise at the next
@@ -45,6 +49,8 @@ class Limits:
     increase: int = 2
     decrease: float = 0.7
     headroom: float = 0.8
+    slack: float = 0.5
+    spare: float = 2.0
     cooldown_seconds: float = 5.0
     window_seconds: float = 10.0
     min_requests: int = 10
@@ -83,20 +89,19 @@ class BatchingController:
             return None
         tpot = buckets.quantile(stats.histograms.get("tpot", {}), 0.99)
         ttft = buckets.quantile(stats.histograms.get("ttft", {}), 0.99)
-        waiting = sum(r.waiting or 0 for r in replicas)
+        waiting = self.view.queued(job_id, now, 3 * g.window_seconds)  # the engines' queues and the router's
+        peak = self.view.peak_running(job_id, now, g.window_seconds)
         seen = (f"TTFT p99 {_ms(ttft)} (target {_ms(slo.ttft_seconds)}), TPOT p99 {_ms(tpot)} "
-                f"(target {_ms(slo.tpot_seconds)}), {waiting} waiting")
+                f"(target {_ms(slo.tpot_seconds)}), {waiting} waiting, at most {peak} running on a replica")
         if tpot is not None and tpot > slo.tpot_seconds:
             if cooling:  # the last change has not reached the window yet
                 return None
             after, why = max(g.min_limit, math.floor(current * g.decrease)), f"{seen}: TPOT over its target"
-        elif waiting > 0 and (tpot is None or tpot < g.headroom * slo.tpot_seconds):
-            if cooling and self.decreased.get(job_id):  # no raise right after a cut: hysteresis
-                return None
-            step = max(g.increase, min(current, math.ceil(waiting / max(len(replicas), 1))))
-            after, why = min(g.max_limit, current + step), f"{seen}: requests wait and TPOT has headroom"
         else:
-            return None
+            step, why = self._raise(current, waiting, peak, len(replicas), tpot, slo.tpot_seconds, seen)
+            if not step or (cooling and self.decreased.get(job_id)):  # no raise right after a cut: hysteresis
+                return None
+            after = min(g.max_limit, current + step)
         if after == current:
             return None
         self.current[job_id], self.changed_at[job_id], self.decreased[job_id] = after, now, after < current
@@ -108,6 +113,21 @@ class BatchingController:
             applied = self.apply(job_id, {"batch_limit": after}, reason) is not None
             log.info("batching: job=%d %s order=%s", job_id, reason, "issued" if applied else "not issued")
         return Decision(job_id, current, after, why, applied)
+
+
+    def _raise(self, current: int, waiting: int, peak: int, replicas: int, tpot: float | None, target: float,
+               seen: str) -> tuple[int, str]:
+        """How much to raise the limit by (0: not), and why."""
+        g, step, why = self.limits, 0, ""
+        if waiting > 0 and (tpot is None or tpot < g.headroom * target):
+            step = max(g.increase, min(current, math.ceil(waiting / max(replicas, 1))))
+            why = f"{seen}: requests wait and TPOT has headroom"
+        if (tpot is None or tpot < g.slack * target) and g.spare * peak > current:
+            spare = min(2 * current, math.ceil(g.spare * peak)) - current
+            if spare > step:
+                step, why = spare, f"{seen}: the load reaches over 1/{g.spare:g} of the limit and TPOT is far " \
+                                   "from its target: room for the next burst"
+        return step, why
 
 
 def _ms(seconds: float | None) -> str:

@@ -4,7 +4,9 @@ over without its clients noticing, and every request in flight at a fault is acc
 `sentinel launch --serve HOST:PORT` runs it in the launcher (sentinel/launcher/replicas.py adds and drains the
 replicas). It forwards `/v1/*` to the ready replica with the fewest requests in flight, up to `limit` each
 (the batching controller's admission limit, for replicas that cannot take one themselves; excess requests
-wait, at most `queue_seconds`). What happens to a
+wait, at most `queue_seconds`). Those that wait are the router's queue (`waiting`): an engine whose admission
+the router holds reports none of them, so the launcher reports it for the job (sentinel/launcher/router_queue.py)
+and the batching controller adds it to the engines' own queues. What happens to a
 request whose replica fails:
 - nothing sent to the client yet (refused, reset, HTTP 5xx such as vLLM's EngineDeadError, or a whole answer
   not yet complete): sent again to another replica, counted `retried`;
@@ -89,6 +91,7 @@ class Router:
         self.backends: dict[str, Backend] = {}
         self.counts = {"requests": 0, "ok": 0, "retried": 0, "resumed": 0, "failed": 0, "rejected": 0,
                        "cancelled": 0}
+        self.waiting = 0  # requests held because every ready replica is at its limit (not those with none ready)
         self.cond = threading.Condition()
         handler = type("RouterHandler", (_Handler,), {"router": self})
         self.httpd = QuietServer((host, port), handler)
@@ -161,27 +164,36 @@ class Router:
 
     def snapshot(self) -> dict[str, Any]:
         with self.cond:
-            return {"counts": dict(self.counts), "limit": self.limit, "replicas": {
+            return {"counts": dict(self.counts), "limit": self.limit, "waiting": self.waiting, "replicas": {
                 b.name: {"ready": b.ready, "draining": b.draining, "in_flight": b.in_flight, "served": b.served,
                          "failed": b.failed, "port": b.port, "limit": b.limit} for b in self.backends.values()}}
 
     # -- routing --------------------------------------------------------------------------------------
     def acquire(self, avoid: set[str]) -> Backend | None:
-        """The ready replica with the fewest in flight and room under the limit; waits for one."""
+        """The ready replica with the fewest in flight and room under the limit; waits for one. While it waits
+        with ready replicas all at their limit, the request counts in `waiting`."""
         deadline = time.monotonic() + self.queue_seconds
+        held = False
         with self.cond:
-            while True:
-                usable = [b for b in self.backends.values() if b.ready and not b.draining]
-                fresh = [b for b in usable if b.name not in avoid] or usable
-                room = [b for b in fresh if b.limit is None or b.in_flight < b.limit]
-                if room:
-                    chosen = min(room, key=lambda b: (b.in_flight, b.added_at))
-                    chosen.in_flight += 1
-                    return chosen
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    return None
-                self.cond.wait(min(left, 0.5))
+            try:
+                while True:
+                    usable = [b for b in self.backends.values() if b.ready and not b.draining]
+                    fresh = [b for b in usable if b.name not in avoid] or usable
+                    room = [b for b in fresh if b.limit is None or b.in_flight < b.limit]
+                    if room:
+                        chosen = min(room, key=lambda b: (b.in_flight, b.added_at))
+                        chosen.in_flight += 1
+                        return chosen
+                    left = deadline - time.monotonic()
+                    if left <= 0:
+                        return None
+                    if held != bool(fresh):  # held by the limit, or (no replica ready) not
+                        held = bool(fresh)
+                        self.waiting += 1 if held else -1
+                    self.cond.wait(min(left, 0.5))
+            finally:
+                if held:
+                    self.waiting -= 1
 
     def release(self, backend: Backend, ok: bool) -> None:
         with self.cond:

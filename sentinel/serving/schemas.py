@@ -21,6 +21,15 @@ class SloSpec(BaseModel):
     objective: Annotated[float, Field(gt=0.0, lt=1.0)] = 0.99
 
 
+class RouterQueue(BaseModel):
+    """The requests a serving job's router holds for admission now (`sentinel launch --serve`; said by
+    sentinel/launcher/router_queue.py at each change)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    waiting: Annotated[int, Field(ge=0, le=1_000_000)]
+
+
 class ServingAttributes(BaseModel):
     """The attributes of a job that sentinel/serving reads; any other attribute is the launcher's own."""
 

@@ -12,6 +12,8 @@ the good/total request counts of each interval are kept six hours, for the SLO b
   engine's /metrics page) it is the Fréchet lower bound max(0, a + b − 1), and says `basis: "bound"`.
 - Goodput: requests per second finished within the SLO.
 - MBU = (weight bytes ÷ TPOT) ÷ peak memory bandwidth: a lower bound (the KV cache read is not counted).
+- Requests queued (`queued`): the engines' own queues (`waiting`) and the router's in front of them, where the
+  router holds an engine to its batch limit (vLLM takes none) and so the engine says 0 (sentinel/serving/router.py).
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ from sentinel.telemetry.serving import SIGNALS, STAGES, CanaryResult, ServingSta
 
 HISTORY_SECONDS = 6 * 3600.0
 STALE_SECONDS = 600.0  # a replica silent this long is no longer one of the job's
+ROUTER_STALE_SECONDS = 30.0  # a router's queue not said again for this long is not counted (its launcher is gone)
 CANARIES_KEPT = 8  # the latest canary results per replica (collectors/engines/canary.py)
 QUANTILES = (0.5, 0.95, 0.99)
 # peak HBM bandwidth per accelerator model, bytes/s (vendor data sheets), matched on the model name
@@ -86,8 +89,11 @@ class ReplicaStats:
     intervals: deque[tuple[float, ServingStats]] = field(default_factory=deque)
     history: deque[tuple[float, int, int]] = field(default_factory=deque)  # (at, requests, of them within the SLO)
     last_seen: float = 0.0
+    first_seen: float = 0.0
+    pid: int = 0  # the process it runs in, as its task says: a replica of the same name in another is another one
     last_token_at: float | None = None
     oldest_inflight_seconds: float | None = None
+    streaming: int | None = None  # requests in flight past their first token, where the source says
     running: int | None = None
     waiting: int | None = None
     kv_cache_usage_ratio: float | None = None
@@ -110,7 +116,9 @@ class ServingView:
         self._jobs: dict[int, dict[str, ReplicaStats]] = {}
         self._slos: dict[int, Slo] = {}
         self._totals: dict[int, tuple[dict[str, int], dict[str, int]]] = {}  # job → ({"": requests}, failed)
-        self._retired: dict[int, set[str]] = {}  # job → replicas another replica took the rank of
+        # job → (replica, pid) another replica took the rank of: a replacement may take the same name, not the process
+        self._retired: dict[int, set[tuple[str, int]]] = {}
+        self._router: dict[int, tuple[float, int]] = {}  # job → (when, requests waiting in its router)
         self._lock = threading.Lock()
 
     def load(self, jobs: Iterable[tuple[int, dict[str, Any]]]) -> None:
@@ -129,22 +137,25 @@ class ServingView:
         with self._lock:
             return self._slos.get(job_id)
 
-    def add(self, node: str, job_id: int, rank: int, stats: ServingStats, now: float) -> None:
+    def add(self, node: str, job_id: int, rank: int, stats: ServingStats, now: float, pid: int = 0) -> None:
         name = stats.replica or f"r{rank}"
         with self._lock:
             retired = self._retired.setdefault(job_id, set())
-            if name in retired:  # a replaced replica's report that came after its replacement's: not the rank's
+            if (name, pid) in retired:  # a replaced replica's report that came after its replacement's: not the rank's
                 return
             replicas = self._jobs.setdefault(job_id, {})
             r = replicas.get(name)
+            if r is not None and r.pid != pid:  # the same name in another process: a replacement that kept the name
+                del replicas[name]
+                retired.add((name, r.pid))
+                r = None
             if r is None:
                 # a task runs one replica: another name on its rank is the one it replaced, whose window must
                 # not speak for the rank any more (its last frozen report would stall the replacement's), nor
                 # may its reports still on their way take the rank back
                 for other in [n for n, x in replicas.items() if x.rank == rank and x.node == node]:
-                    del replicas[other]
-                    retired.add(other)
-                r = replicas[name] = ReplicaStats(name, rank)
+                    retired.add((other, replicas.pop(other).pid))
+                r = replicas[name] = ReplicaStats(name, rank, first_seen=now, pid=pid)
             r.rank, r.node, r.stage, r.source, r.last_seen = rank, node, stats.stage, stats.source, now
             r.intervals.append((now, stats))
             slo = self._slos.get(job_id)
@@ -154,7 +165,7 @@ class ServingView:
                 value = getattr(stats, attr)
                 if value is not None:
                     setattr(r, attr, value)
-            r.oldest_inflight_seconds = stats.oldest_inflight_seconds
+            r.oldest_inflight_seconds, r.streaming = stats.oldest_inflight_seconds, stats.streaming
             if stats.canary is not None:
                 r.canaries.append(stats.canary)
             r.requests_total += stats.requests
@@ -193,6 +204,28 @@ class ServingView:
                     return max(r.running or 0, 1 if r.oldest_inflight_seconds else 0)
         return 0
 
+    def set_router_waiting(self, job_id: int, waiting: int, now: float) -> None:
+        """The job's router holds `waiting` requests for admission (its launcher says so, each time it changes
+        and every few seconds)."""
+        with self._lock:
+            self._router[job_id] = (now, max(int(waiting), 0))
+
+    def router_waiting(self, job_id: int, now: float) -> int:
+        """The requests waiting in the job's router, as last said within ROUTER_STALE_SECONDS (else 0)."""
+        with self._lock:
+            at, waiting = self._router.get(job_id, (0.0, 0))
+            if at < now - ROUTER_STALE_SECONDS:
+                self._router.pop(job_id, None)
+                return 0
+            return waiting
+
+    def queued(self, job_id: int, now: float, seconds: float | None = None) -> int:
+        """Requests waiting for admission across the job: each replica's engine queue, of the replicas that
+        reported within `seconds` (the window by default), and the router's in front of them."""
+        fresh = self.window_seconds if seconds is None else seconds
+        engines = sum(r.waiting or 0 for r in self.replicas(job_id, now) if now - r.last_seen <= fresh)
+        return engines + self.router_waiting(job_id, now)
+
     def fresh(self, now: float, seconds: float) -> list[tuple[int, ReplicaStats]]:
         """(job, replica) for every replica that reported within `seconds`: what a detector may judge (one
         silent longer is the heartbeat detector's)."""
@@ -205,10 +238,18 @@ class ServingView:
             requests, failed = self._totals.get(job_id, ({"": 0}, {}))
             return requests[""], dict(failed)
 
-    def forget(self, job_id: int, replica: str) -> None:
-        """A replica that was replaced and stopped: its window no longer speaks for the job."""
+    def replaced(self, job_id: int, ranks: Iterable[int], before: float) -> list[str]:
+        """The launcher replaced the replicas on `ranks` (its order, made at `before`, is done): those first heard
+        before then are retired, so that a late report of theirs, still frozen, neither judges the rank nor
+        takes it back before the replacement's first report does. The names retired."""
+        wanted = set(ranks)
         with self._lock:
-            self._jobs.get(job_id, {}).pop(replica, None)
+            replicas = self._jobs.get(job_id, {})
+            names = [n for n, r in replicas.items() if r.rank in wanted and r.first_seen < before]
+            retired = self._retired.setdefault(job_id, set())
+            for name in names:
+                retired.add((name, replicas.pop(name).pid))
+            return names
 
     def window(self, job_id: int, replica: str | None, now: float, seconds: float | None = None) -> ServingStats:
         """The sums over the window (or the last `seconds` of it) of one replica, or of them all (a fresh object:
@@ -233,6 +274,13 @@ class ServingView:
                         break
                     total, good = total + requests, good + ok
         return total, (1.0 - good / total) if total else None
+
+    def peak_running(self, job_id: int, now: float, seconds: float) -> int:
+        """The most requests any one replica of the job had running at once in a report of the last `seconds`
+        (each report's reading: a peak between two readings is not seen)."""
+        with self._lock:
+            return max((int(stats.running or 0) for r in self._jobs.get(job_id, {}).values()
+                        for at, stats in r.intervals if at >= now - seconds), default=0)
 
 
 def summary(stats: ServingStats, *, seconds: float, slo: Slo | None, model_bytes: float | None = None,

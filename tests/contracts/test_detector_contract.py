@@ -30,7 +30,7 @@ from sentinel.live.fleet import NodeLive
 from sentinel.remediation import policy
 from sentinel.telemetry.schemas import NodeReport
 from tests.contracts.conftest import implementations
-from tests.detection import diagnosis_scenarios, network_scenarios, scenarios
+from tests.detection import diagnosis_scenarios, engine_fault_scenarios, network_scenarios, scenarios
 from tests.detection.scenarios import Outcome, Stream
 from tests.detection.streams import START, GiB, World, assert_dense, fired
 
@@ -64,6 +64,7 @@ TRUE_POSITIVES: dict[str, Callable[[], Outcome]] = {
     "probe_mesh": network_scenarios.slow_links,
     "serving_stall": scenarios.serving_stall,
     "bad_completion": scenarios.bad_completion,
+    "engine_fault": engine_fault_scenarios.engine_fault,
     "kv_transfer": scenarios.kv_transfer,
     "queue_growth": scenarios.queue_growth,
     "slo_burn": scenarios.slo_burn,
@@ -87,6 +88,7 @@ TWO_SUBJECTS: dict[str, Callable[[], Outcome]] = {
     "probe_mesh": lambda: network_scenarios.slow_links(links=((1, 2), (4, 5)), nodes=8),
     "serving_stall": lambda: scenarios.serving_stall(replicas=("d1", "d2")),
     "bad_completion": lambda: scenarios.bad_completion(replicas=("d1", "d2")),
+    "engine_fault": lambda: engine_fault_scenarios.engine_fault(jobs=(9, 10)),
     "kv_transfer": lambda: scenarios.kv_transfer(replicas=("d1", "d2")),
     "queue_growth": lambda: scenarios.queue_growth(replicas=("d1", "d2")),
     "slo_burn": lambda: scenarios.slo_burn(failing=(9, 10)),
@@ -109,6 +111,7 @@ CLEARS: dict[str, Callable[[], Outcome]] = {
     "probe_mesh": lambda: network_scenarios.slow_links(until=lambda t: t <= 60, seconds=200.0),
     "serving_stall": lambda: scenarios.serving_stall(resume_at=100.0, seconds=150.0),
     "bad_completion": lambda: scenarios.bad_completion(fixed_at=100.0, seconds=150.0),
+    "engine_fault": lambda: engine_fault_scenarios.engine_fault(fixed_at=90.0, seconds=130.0),
     "kv_transfer": lambda: scenarios.kv_transfer(fixed_at=1100.0, seconds=1300.0),
     "queue_growth": lambda: scenarios.queue_growth(fixed_at=160.0, seconds=300.0),
     "slo_burn": lambda: scenarios.slo_burn(recover_at=700.0, seconds=1500.0),

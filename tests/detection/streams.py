@@ -69,11 +69,13 @@ class World:
 
     def serve(self, node: str, job_id: int, rank: int, replica: str, *, frozen: bool = False,
               running: int = 4, failed: int = 0, reason: str = "error", canary: str | None = None,
-              kv_seconds: float | None = None, kv_failures: int = 0, waiting: int | None = None) -> None:
+              kv_seconds: float | None = None, kv_failures: int = 0, waiting: int | None = None,
+              streaming: int | None = None) -> None:
         """One agent interval of a decode replica: 20 requests with 30 ms between tokens, or, frozen, its
         requests in flight and no token since it froze (a decode stuck mid-stream). `failed` of them end as
         `reason`; `canary`: the agent's canary finished this interval, "ok" or how it failed. With `kv_seconds`
-        each request's first token (100 ms) includes a KV transfer that long (8 MiB); `kv_failures` failed."""
+        each request's first token (100 ms) includes a KV transfer that long (8 MiB); `kv_failures` failed.
+        `streaming`: how many of those in flight are past their first token, where the source says."""
         key = (job_id, replica)
         if frozen:
             self._frozen_since.setdefault(key, self.now)
@@ -92,7 +94,8 @@ class World:
                 "ttft": {bucket(0.1): 20}, "kv_transfer": {bucket(kv_seconds): 20}})},
             sums={} if frozen or kv_seconds is None else {"ttft": 2.0, "kv_transfer": 20 * kv_seconds},
             kv_transfer_bytes=0 if frozen or kv_seconds is None else 20 * 8 * 2**20, kv_transfer_failures=kv_failures,
-            last_token_at=self._last_token.get(key), oldest_inflight_seconds=None if running == 0 else
+            last_token_at=self._last_token.get(key), streaming=streaming,
+            oldest_inflight_seconds=None if running == 0 else
             0.4 if since is None else self.now - since + 0.4), self.now)
 
     def place(self, job_id: int, rank: int, node: str, accelerators: list[str]) -> None:

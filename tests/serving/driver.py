@@ -51,8 +51,8 @@ class ServingDriver:
         rec = self.recorders[rank]
         for _ in range(n):
             req = rec.start(prompt_tokens=32)
-            if kv:
-                req.kv_transfer(kv, 4 << 20)
+            if kv:  # a decode replica's KV cache comes from the prefill replica
+                req.kv_transfer(kv, 4 << 20, peer=REPLICAS[0][0] if REPLICAS[rank][1] == "decode" else None)
             self.tick.t += ttft
             if failure != "empty":
                 req.token()

@@ -28,12 +28,13 @@ def runtime(job: ServingDriver) -> Runtime:
     return job.client.app.state.runtime  # type: ignore[attr-defined, no-any-return]
 
 
-def load(job: ServingDriver, *, tpot: float, waiting: int, limit: int = 32) -> None:
-    """One 2 s round: 20 requests on the decode replica d1, which reports its batch limit and queue."""
+def load(job: ServingDriver, *, tpot: float, waiting: int, limit: int = 32, running: int | None = None) -> None:
+    """One 2 s round: 20 requests on the decode replica d1, which reports its batch limit and queue (and how
+    many it runs at once, where given)."""
     job.requests(1, 20, ttft=0.2, tpot=tpot)
     job.clock.advance(2.0)
     job.report(0)
-    job.report(1, {"waiting": waiting, "batch_limit": limit})
+    job.report(1, {"waiting": waiting, "batch_limit": limit, **({} if running is None else {"running": running})})
 
 
 def controller(job: ServingDriver, issued: list[Any], **options: Any) -> BatchingController:
@@ -132,3 +133,22 @@ def test_a_change_goes_out_as_an_adjust_order_that_a_restart_does_not_supersede(
                                          headers=job.launcher).json() if o["id"] == second]
     assert done["state"] == "done" and done["completed_at"] is not None
     assert rt.remediation.adjust(999, {"batch_limit": 4}, "x") is None, "an unknown job gets no order"
+
+
+def test_a_load_past_half_the_limit_with_tpot_far_from_its_target_gets_room_before_it_queues(
+        job: ServingDriver) -> None:
+    issued: list[Any] = []
+    ctl = controller(job, issued, cooldown_seconds=0.0)
+    load(job, tpot=0.02, waiting=0, limit=8, running=3)
+    assert ctl.tick(job.clock.time()) == [], "3 running of 8: room enough"
+    load(job, tpot=0.02, waiting=0, limit=8, running=6)
+    [d] = ctl.tick(job.clock.time())
+    assert (d.before, d.after) == (8, 12), "6 running at once, TPOT 20 ms of 50: the limit to 2 × 6"
+    assert "at most 6 running on a replica" in d.why and d.why.endswith("room for the next burst")
+    load(job, tpot=0.02, waiting=0, limit=12, running=12)
+    [d] = ctl.tick(job.clock.time())
+    assert (d.before, d.after) == (12, 24), "at most doubling per tick"
+    other: list[Any] = []
+    near = controller(job, other, cooldown_seconds=0.0)
+    load(job, tpot=0.03, waiting=0, limit=8, running=8)
+    assert near.tick(job.clock.time()) == [], "TPOT 30 ms is over half its target: no room taken ahead of a queue"

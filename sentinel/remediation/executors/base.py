@@ -19,6 +19,12 @@ ActionKind = Literal["drain_node", "release_node", "move_work", "order"]
 ACTION_KINDS: frozenset[str] = frozenset({"drain_node", "release_node", "move_work", "order"})
 
 
+def adjust_purpose(params: dict[str, Any] | None) -> str:
+    """What an `adjust` order changes: an instruction to the engines (engine_fault), or the batch limit. The
+    newest pending adjust of each purpose counts (server and launcher alike)."""
+    return "fault_tolerance" if "fault_tolerance" in (params or {}) else "batch_limit"
+
+
 @dataclass(frozen=True)
 class JobRef:
     """A job as an executor needs it: Sentinel's id and name, and the scheduler's own handles from the
