@@ -20,6 +20,7 @@ from datetime import datetime
 from sqlalchemy import Engine
 from sqlalchemy.orm import Session, sessionmaker
 
+from sentinel.accelerators.service import out_of_service
 from sentinel.alerting.dispatcher import Dispatcher
 from sentinel.auth.service import TokenCache, count_tokens, create_token
 from sentinel.clock import Clock, SystemClock, to_datetime
@@ -104,7 +105,8 @@ class Runtime:
                                catalog=FaultCatalog.load(settings.fault_catalog_file), history=live.faults,
                                assignments=live.assignments.snapshot, checkpoints=live.checkpoints,
                                restarting=remediation.is_restarting, network=live.network, diagnosis=diagnosis,
-                               serving=live.serving)
+                               serving=live.serving, open_incidents=incidents.active,
+                               out_of_service=lambda uuids: _out_of_service(factory, uuids))
         detection = DetectionEngine(ctx, load_detectors(settings), incidents, errors)  # 3 → 4
         pipeline = ReportPipeline(ingest=ingest, live=live, detection=detection, remediation=remediation,
                                   commands=commands, clock=clock, errors=errors,
@@ -236,7 +238,7 @@ class Runtime:
 
     def check_liveness(self) -> None:
         """Mark silent nodes down; when some went down, judge heartbeat loss now rather than at the next round."""
-        if check_liveness(self.factory, self.fleet, self.clock, self.settings.missed_intervals_down):
+        if check_liveness(self.ingest.writer.submit, self.fleet, self.clock, self.settings.missed_intervals_down):
             self.detection.evaluate(only="heartbeat")
 
     def bootstrap_admin_token(self) -> None:
@@ -252,3 +254,9 @@ class Runtime:
                 fh.write(secret + "\n")
         log.warning("first start: created an admin token; read it with `cat %s` (mode 0600), store it, "
                     "then delete the file. Make narrower tokens with `sentinel token create`.", path)
+
+
+def _out_of_service(factory: sessionmaker[Session], uuids: list[str]) -> dict[str, str]:
+    """For the engine_fault detector: which of these accelerators are quarantined or suspect (one short read)."""
+    with factory() as session:
+        return out_of_service(session, uuids)

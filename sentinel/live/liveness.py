@@ -4,6 +4,8 @@ prune old receipts. Each function owns its transaction (it is an edge, like a re
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
+from concurrent.futures import Future
 from datetime import timedelta
 
 from sqlalchemy import delete, update
@@ -11,34 +13,50 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from sentinel.clock import Clock, to_datetime
 from sentinel.db import transaction
-from sentinel.live.fleet import Fleet
+from sentinel.live.fleet import Fleet, NodeLive
 from sentinel.nodes.models import Node
 from sentinel.nodes.service import mark_down
 from sentinel.telemetry.models import ReportReceipt
 
 log = logging.getLogger("sentinel.liveness")
+Submit = Callable[[Callable[[Session], None]], Future[None]]
 
 
-def check_liveness(factory: sessionmaker[Session], fleet: Fleet, clock: Clock, missed_intervals: int) -> list[str]:
-    """Mark nodes down that missed `missed_intervals` of their intervals; returns their names."""
+def check_liveness(submit: Submit, fleet: Fleet, clock: Clock, missed_intervals: int) -> list[str]:
+    """Mark nodes down that missed `missed_intervals` of their intervals; returns their names.
+
+    In memory first, each node judged on its own silence at that moment (a list of thousands takes time, and
+    a node in it may report meanwhile), then in SQL in one write through the ingest writer (`submit`,
+    pipeline/writer.py): a report that arrives after the mark finds the node down, and its "reporting
+    again" write commits after this one."""
     now = clock.time()
-    downed: list[str] = []
+    downed: list[tuple[NodeLive, str]] = []
     for live in fleet.overdue(now, missed_intervals):
-        silent = now - live.last_seen
+        with fleet.lock:
+            silent = clock.time() - live.last_seen
+            if live.state == "down" or silent <= missed_intervals * live.interval_seconds:
+                continue  # it reported since the list was made
+            live.state = "down"
         reason = f"no report for {silent:.1f}s ({missed_intervals} intervals of {live.interval_seconds:g}s)"
         if live.leaving:  # said goodbye: a stop on purpose, not a fault (the heartbeat detector pages nothing)
             reason = f"its agent stopped on purpose (its last report, seq {live.last_seq}, said so); " + reason
-        with transaction(factory) as session:
-            node = mark_down(session, live.id, reason=reason, severity="info" if live.leaving else "critical")
-        with fleet.lock:
-            # A report may have arrived meanwhile; memory wins only if the node is still silent.
-            if now - live.last_seen > missed_intervals * live.interval_seconds:
-                live.state = "down"
-        if node is not None:
-            downed.append(live.name)
+        downed.append((live, reason))
+    if not downed:
+        return []
+    marked: list[str] = []
+
+    def write(session: Session) -> None:
+        marked.clear()  # a batch retried one write at a time runs this again
+        for live, reason in downed:
+            if mark_down(session, live.id, reason=reason, severity="info" if live.leaving else "critical"):
+                marked.append(live.name)
+
+    submit(write).result(timeout=60)
+    for live, reason in downed:
+        if live.name in marked:
             log.log(logging.INFO if live.leaving else logging.WARNING, "node down: node=%s last_seq=%d %s",
                     live.name, live.last_seq, reason)
-    return downed
+    return marked
 
 
 def flush_liveness(factory: sessionmaker[Session], fleet: Fleet) -> int:

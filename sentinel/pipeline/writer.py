@@ -17,8 +17,9 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import Future
 from typing import Any
 
-from sqlalchemy import Connection, Engine, Table
+from sqlalchemy import Boolean, Connection, DateTime, Engine, Float, Integer, String, Table
 from sqlalchemy.orm import Session, sessionmaker
+from sqlalchemy.types import TypeDecorator
 
 log = logging.getLogger("sentinel.ingest")
 
@@ -123,7 +124,7 @@ class GroupCommitWriter:
                 connection = session.connection()
                 for table, rows in merged.items():
                     if rows:
-                        connection.execute(table.insert(), rows)
+                        insert_rows(connection, table, rows)
                 for job in batch:
                     if job.write is not None:
                         job.write(session)
@@ -155,6 +156,34 @@ class GroupCommitWriter:
         for loop, waiters in by_loop.items():
             with contextlib.suppress(RuntimeError):  # the loop is closed: nobody is waiting any more
                 loop.call_soon_threadsafe(_wake, waiters, error)
+
+
+COPYABLE = (Integer, Float, String, Boolean, DateTime)  # types psycopg's COPY writes as SQLAlchemy would bind them
+
+
+def insert_rows(connection: Connection, table: Table, rows: list[dict[str, Any]]) -> None:
+    """One batch's rows of one table. On PostgreSQL, a table of plain columns goes through COPY: psycopg's
+    executemany sends an INSERT a row, and 32 receipts took 1.5 ms and 1 ms of CPU against COPY's 0.5 and
+    0.2 (docs/scaling.md). Anything else (JSON columns, rows of differing keys) is an executemany."""
+    names = list(rows[0])
+    columns = [table.c[name] for name in names]
+    if (connection.dialect.name != "postgresql" or any(r.keys() != rows[0].keys() for r in rows)
+            or not all(isinstance(_impl(c.type), COPYABLE) for c in columns)):
+        connection.execute(table.insert(), rows)
+        return
+    binds = [c.type.process_bind_param if isinstance(c.type, TypeDecorator) else None for c in columns]
+    quote = connection.dialect.identifier_preparer
+    statement = (f"COPY {quote.format_table(table)} ({', '.join(quote.quote(n) for n in names)}) FROM STDIN")
+    raw = connection.connection.driver_connection
+    assert raw is not None
+    with raw.cursor().copy(statement) as copy:
+        for row in rows:
+            copy.write_row([row[n] if bind is None else bind(row[n], connection.dialect)
+                            for n, bind in zip(names, binds, strict=True)])
+
+
+def _impl(kind: Any) -> Any:
+    return kind.impl if isinstance(kind, TypeDecorator) else kind
 
 
 def _wake(waiters: list[asyncio.Future[None]], error: BaseException | None) -> None:

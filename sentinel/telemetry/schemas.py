@@ -10,6 +10,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import AwareDatetime, BaseModel, BeforeValidator, ConfigDict, Field, model_validator
 
+from sentinel.telemetry.defaults import empty_dict, empty_list
 from sentinel.telemetry.serving import ServingStats
 
 Name = Annotated[str, Field(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9][A-Za-z0-9._:@-]*$")]
@@ -61,9 +62,9 @@ class NodeRegistration(WireModel):
     hostname: Annotated[str, Field(max_length=255)] = ""
     interval_seconds: Annotated[float, Field(gt=0.0, le=3600.0)] = 10.0
     agent_version: Annotated[str, Field(max_length=64)] = ""
-    sources: Annotated[list[Annotated[str, Field(max_length=64)]], Field(max_length=16)] = []
-    accelerators: Annotated[list[AcceleratorInfo], Field(max_length=64)] = []
-    labels: Annotated[dict[Label, Label], Field(max_length=32)] = {}
+    sources: Annotated[list[Annotated[str, Field(max_length=64)]], Field(max_length=16)] = empty_list()
+    accelerators: Annotated[list[AcceleratorInfo], Field(max_length=64)] = empty_list()
+    labels: Annotated[dict[Label, Label], Field(max_length=32)] = empty_dict()
 
 
 class ProcessMemory(WireModel):
@@ -80,7 +81,7 @@ class HostMetrics(WireModel):
     disk_total_bytes: Bytes = 0
     net_rx_bytes_total: Count = 0
     net_tx_bytes_total: Count = 0
-    task_memory: Annotated[list[ProcessMemory], Field(max_length=1024)] = []
+    task_memory: Annotated[list[ProcessMemory], Field(max_length=1024)] = empty_list()
 
 
 class AcceleratorSample(WireModel):
@@ -94,7 +95,7 @@ class AcceleratorSample(WireModel):
     power_watts: Annotated[float, Field(ge=0.0, le=1e5)] | None = None
     temperature_celsius: Annotated[float, Field(ge=-273.15, le=1000.0)] | None = None
     sm_clock_hz: Annotated[float, Field(ge=0.0, le=1e12)] | None = None
-    throttle_reasons: Annotated[list[Annotated[str, Field(max_length=64)]], Field(max_length=16)] = []
+    throttle_reasons: Annotated[list[Annotated[str, Field(max_length=64)]], Field(max_length=16)] = empty_list()
     ecc_corrected_total: Count | None = None
     ecc_uncorrected_total: Count | None = None
     retired_pages_total: Count | None = None
@@ -102,8 +103,8 @@ class AcceleratorSample(WireModel):
     remap_failure: bool | None = None
     pcie_replay_total: Count | None = None
     nvlink_errors_total: Count | None = None
-    xid_errors_total: Annotated[dict[str, Count], Field(max_length=64)] = {}
-    processes: Annotated[list[ProcessMemory], Field(max_length=256)] = []
+    xid_errors_total: Annotated[dict[str, Count], Field(max_length=64)] = empty_dict()
+    processes: Annotated[list[ProcessMemory], Field(max_length=256)] = empty_list()
 
 
 class HardwareEvent(WireModel):
@@ -156,10 +157,10 @@ class NicPort(WireModel):
     phys_state_id: Annotated[int, Field(ge=0, le=15)] | None = None
     rate_bytes_per_second: Annotated[float, Field(ge=0.0, le=1e15)] | None = None
     link_layer: Annotated[str, Field(max_length=32)] | None = None  # InfiniBand | Ethernet
-    counters: Annotated[dict[CounterName, Count], Field(max_length=128)] = {}
-    rates: Annotated[dict[CounterName, PerSecond], Field(max_length=128)] = {}
+    counters: Annotated[dict[CounterName, Count], Field(max_length=128)] = empty_dict()
+    rates: Annotated[dict[CounterName, PerSecond], Field(max_length=128)] = empty_dict()
     link_flaps_total: Count = 0  # ACTIVE → not ACTIVE transitions the agent saw since it started
-    saturated: Annotated[list[CounterName], Field(max_length=128)] = []  # counters stuck at their maximum
+    saturated: Annotated[list[CounterName], Field(max_length=128)] = empty_list()  # counters stuck at their maximum
 
     @property
     def name(self) -> str:
@@ -267,12 +268,13 @@ class TaskTelemetry(WireModel):
     steps: Count = 0
     last_step: Count | None = None
     first_step_at: UnixTime | None = None  # wall time the interval's first step ended
-    step_seconds: Annotated[list[Seconds], Field(max_length=1024)] = []
+    step_seconds: Annotated[list[Seconds], Field(max_length=1024)] = empty_list()
     tokens: Count = 0
     busy_seconds: Seconds = 0.0
     collective_seconds: Seconds = 0.0
     exposed_collective_seconds: Seconds | None = None
-    collectives: Annotated[dict[Annotated[str, Field(max_length=64)], CollectiveTotals], Field(max_length=32)] = {}
+    collectives: Annotated[dict[Annotated[str, Field(max_length=64)], CollectiveTotals],
+                           Field(max_length=32)] = empty_dict()
     memory_peak_bytes: Bytes | None = None
     memory_source: Annotated[str, Field(max_length=16)] | None = None
     device_memory_bytes: Bytes | None = None
@@ -284,7 +286,7 @@ class TaskTelemetry(WireModel):
     # `iterations` steps; named phases' seconds, and the part of them spent inside steps; MoE routing
     iterations: Count = 0
     iteration_seconds: Seconds = 0.0
-    phases: Annotated[dict[PhaseName, Seconds], Field(max_length=16)] = {}
+    phases: Annotated[dict[PhaseName, Seconds], Field(max_length=16)] = empty_dict()
     phases_in_step_seconds: Seconds = 0.0
     experts: ExpertLoad | None = None
     # of the time the task's threads were runnable, the share spent waiting for a CPU (/proc/<pid>/schedstat)
@@ -311,13 +313,13 @@ class NodeReport(WireModel):
     sent_at: UnixTime
     interval_seconds: Annotated[float, Field(gt=0.0, le=3600.0)] = 10.0
     host: HostMetrics | None = None
-    accelerators: Annotated[list[AcceleratorSample], Field(max_length=64)] = []
-    events: Annotated[list[HardwareEvent], Field(max_length=256)] = []
-    tasks: Annotated[list[TaskTelemetry], Field(max_length=256)] = []
-    task_exits: Annotated[list[TaskExit], Field(max_length=256)] = []
-    nics: Annotated[list[NicPort], Field(max_length=64)] = []
-    probes: Annotated[list[ProbeResult], Field(max_length=256)] = []
-    experiments: Annotated[list[ExperimentResult], Field(max_length=16)] = []
+    accelerators: Annotated[list[AcceleratorSample], Field(max_length=64)] = empty_list()
+    events: Annotated[list[HardwareEvent], Field(max_length=256)] = empty_list()
+    tasks: Annotated[list[TaskTelemetry], Field(max_length=256)] = empty_list()
+    task_exits: Annotated[list[TaskExit], Field(max_length=256)] = empty_list()
+    nics: Annotated[list[NicPort], Field(max_length=64)] = empty_list()
+    probes: Annotated[list[ProbeResult], Field(max_length=256)] = empty_list()
+    experiments: Annotated[list[ExperimentResult], Field(max_length=16)] = empty_list()
     # the agent's last report before a stop on purpose (systemctl stop, Ctrl-C): its silence is no fault
     leaving: bool = False
 
@@ -331,9 +333,9 @@ class SdkBatch(WireModel):
     pid: Pid
     # (step index, started at, duration s, tokens, collective s, exposed collective s)
     steps: Annotated[list[tuple[Count, UnixTime, Seconds, Count | None, Seconds,
-                                Seconds | None]], Field(max_length=20_000)] = []
+                                Seconds | None]], Field(max_length=20_000)] = empty_list()
     collectives: Annotated[dict[Annotated[str, Field(max_length=64)],
-                                tuple[Count, Seconds, Count]], Field(max_length=32)] = {}
+                                tuple[Count, Seconds, Count]], Field(max_length=32)] = empty_dict()
     model: TaskModel | None = None
     failure: TaskFailure | None = None
     memory_peak_bytes: Bytes | None = None
@@ -341,7 +343,7 @@ class SdkBatch(WireModel):
     dropped_batches: Count = 0
     pause: TaskPause | None = None  # sent only while paused, so an older agent refuses only those batches
     # phase → (seconds, of which inside steps); sent only when timed, so an older agent refuses only those
-    phases: Annotated[dict[PhaseName, tuple[Seconds, Seconds]], Field(max_length=16)] = {}
+    phases: Annotated[dict[PhaseName, tuple[Seconds, Seconds]], Field(max_length=16)] = empty_dict()
     experts: ExpertLoad | None = None
     serving: ServingStats | None = None  # sent only by a serving process, so an older agent refuses only those
 
@@ -380,8 +382,8 @@ class ReportAck(BaseModel):
     status: Literal["accepted", "duplicate"]
     node: str
     seq: int
-    assignments: list[Assignment] = []
-    commands: list[NodeCommand] = []
-    cleared: list[str] = []  # accelerators released or recovered since: their fault gauges return to 0
+    assignments: list[Assignment] = empty_list()
+    commands: list[NodeCommand] = empty_list()
+    cleared: list[str] = empty_list()  # accelerators released or recovered since: their fault gauges return to 0
     probe_targets: list[ProbeTarget] | None = None  # None: keep the current ones; []: probe no one
 

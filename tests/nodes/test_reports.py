@@ -165,9 +165,9 @@ def test_node_goes_down_after_three_missed_intervals_and_comes_back(client, agen
     rt = client.app.state.runtime  # type: ignore[attr-defined]
     post_report(client, agent, report(seq=1, interval=5.0))
     clock.advance(14.0)
-    assert check_liveness(rt.factory, rt.fleet, clock, 3) == []
+    assert check_liveness(rt.ingest.writer.submit, rt.fleet, clock, 3) == []
     clock.advance(2.0)
-    assert check_liveness(rt.factory, rt.fleet, clock, 3) == ["node-a"]
+    assert check_liveness(rt.ingest.writer.submit, rt.fleet, clock, 3) == ["node-a"]
     node = client.get("/api/v1/nodes/node-a", headers=bearer(admin_token)).json()
     assert node["state"] == "down" and "no report for 16.0s" in node["state_reason"]
     assert 'sentinel_nodes{state="down"} 1.0' in client.get("/metrics", headers=bearer(admin_token)).text
@@ -184,6 +184,30 @@ def test_node_goes_down_after_three_missed_intervals_and_comes_back(client, agen
     assert 'sentinel_nodes{state="active"} 1.0' in client.get("/metrics", headers=bearer(admin_token)).text
 
 
+def test_a_node_that_reports_while_the_silent_are_marked_is_not_marked(client, agent, admin_token, clock: FakeClock,
+                                                                      monkeypatch):
+    """At 12,500 nodes the marking took seconds, and nodes listed as silent reported meanwhile: they were
+    marked down in SQL ("no report for -13.6s") while memory said active, so their return wrote nothing."""
+    from sentinel.live.liveness import check_liveness
+
+    rt = client.app.state.runtime  # type: ignore[attr-defined]
+    post_report(client, agent, report(seq=1, interval=5.0))
+    clock.advance(16.0)
+    listed = rt.fleet.overdue
+
+    def listed_then_reported(now: float, missed: int) -> list:
+        found = listed(now, missed)
+        assert post_report(client, agent, report(seq=2, interval=5.0)).status_code == 200  # arrives meanwhile
+        return found
+
+    monkeypatch.setattr(rt.fleet, "overdue", listed_then_reported)
+    assert check_liveness(rt.ingest.writer.submit, rt.fleet, clock, 3) == []
+    events = client.get("/api/v1/events", params={"node": "node-a", "kind": "node_down"},
+                        headers=bearer(admin_token)).json()
+    assert events == []
+    assert client.get("/api/v1/nodes/node-a", headers=bearer(admin_token)).json()["state"] == "active"
+
+
 def test_cordoned_node_returns_cordoned_after_being_down(client, agent, admin_token, clock: FakeClock):
     from sentinel.live.liveness import check_liveness
 
@@ -191,7 +215,7 @@ def test_cordoned_node_returns_cordoned_after_being_down(client, agent, admin_to
     client.post("/api/v1/nodes/node-a/cordon", json={"reason": "bad fan"}, headers=bearer(admin_token))
     post_report(client, agent, report(seq=1))
     clock.advance(100)
-    check_liveness(rt.factory, rt.fleet, clock, 3)
+    check_liveness(rt.ingest.writer.submit, rt.fleet, clock, 3)
     post_report(client, agent, report(seq=2))
     assert client.get("/api/v1/nodes/node-a", headers=bearer(admin_token)).json()["state"] == "cordoned"
 
