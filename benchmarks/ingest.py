@@ -186,6 +186,23 @@ def proc_cpu_seconds(pid: int) -> float:
         return 0.0
 
 
+def children(pid: int) -> list[int]:
+    """A process's children (every thread's), from /proc; none if it is gone."""
+    found: list[int] = []
+    try:
+        for task in os.listdir(f"/proc/{pid}/task"):
+            with open(f"/proc/{pid}/task/{task}/children") as fh:
+                found += [int(c) for c in fh.read().split()]
+    except (OSError, ValueError):
+        pass
+    return found
+
+
+def tree_cpu_seconds(pid: int) -> float:
+    """User + system CPU of a process and of its live descendants (a server's edge workers)."""
+    return proc_cpu_seconds(pid) + sum(tree_cpu_seconds(child) for child in children(pid))
+
+
 def machine_cpu_seconds() -> tuple[float, float]:
     """(busy, total) CPU seconds of the whole machine, all cores, from /proc/stat."""
     with open("/proc/stat") as fh:
@@ -350,7 +367,8 @@ async def run_phase(endpoint: str, spec: dict[str, Any], parts: dict[str, list[t
     cpu: dict[str, dict[str, float]] = {"start": {}, "end": {}}
 
     def sample(at: str) -> None:
-        cpu[at] = {name: proc_cpu_seconds(pid) for name, pid in pids.items()}
+        cpu[at] = {name: tree_cpu_seconds(pid) for name, pid in pids.items()}
+        cpu[at]["server_core"] = proc_cpu_seconds(pids["server"])  # without its edge workers
         cpu[at]["loadgen"] = proc_cpu_seconds(os.getpid())
         cpu[at]["machine_busy"], cpu[at]["machine_total"] = machine_cpu_seconds()
         cpu[at]["wall"] = time.perf_counter()
@@ -378,6 +396,7 @@ async def run_phase(endpoint: str, spec: dict[str, Any], parts: dict[str, list[t
     usage = {name: (end.get(name, 0.0) - start.get(name, 0.0)) / wall for name in [*pids, "loadgen"]}
     busy = (end.get("machine_busy", 0.0) - start.get("machine_busy", 0.0)) / wall
     usage["rest_of_machine"] = max(0.0, busy - sum(usage.values()))
+    usage["server_core"] = (end.get("server_core", 0.0) - start.get("server_core", 0.0)) / wall
     return {
         "endpoint": endpoint, "measured": len(lat), "duration": spec["duration"],
         "rps": len(lat) / spec["duration"], "latencies": lat, "acked": phase.acked, "sent": phase.sent,
@@ -512,7 +531,8 @@ def print_report(args: argparse.Namespace, db_label: str, parse: dict[str, Any],
                              ("full ingest POST .../reports", ingest, "server")):
         cpu = row["cpu"]
         other = cpu.get("rest_of_machine", 0.0) + sum(v for k, v in cpu.items()
-                                                       if k not in (proc, "loadgen", "rest_of_machine"))
+                                                       if k not in (proc, "loadgen", "rest_of_machine",
+                                                                    "server_core"))
         print(f"{label:<30}{row['rps']:>10.0f}{row['p50_ms']:>9.1f}{row['p90_ms']:>9.1f}{row['p99_ms']:>9.1f}"
               f"{row['max_ms']:>9.1f}{row['errors']:>8d}{cpu.get(proc, 0.0):>11.0%}{cpu.get('loadgen', 0.0):>13.0%}"
               f"{other:>11.0%}")
@@ -521,6 +541,10 @@ def print_report(args: argparse.Namespace, db_label: str, parse: dict[str, Any],
             print(f"  {row['endpoint']} reports/s by round: {', '.join(f'{x:.0f}' for x in row['rps_per_round'])}")
     print("  (CPU: share of one core during the measured seconds; 'other' is the rest of the machine, "
           "PostgreSQL included)")
+    if str(args.workers) != "0":
+        core = ingest["cpu"].get("server_core", 0.0)
+        print(f"  server CPU with {args.workers} edge worker(s): the core {core:.0%}, the workers "
+              f"{ingest['cpu'].get('server', 0.0) - core:.0%}")
     ratio = ingest["rps"] / parse["rps"] if parse["rps"] else 0.0
     checks = [
         ("full ingest / parse-only throughput", f"{ratio:.2f}x", f">= {TARGET_RATIO}x", ratio >= TARGET_RATIO),
@@ -563,7 +587,8 @@ def orchestrate(args: argparse.Namespace) -> int:
         print(f"starting the server (port {server_port}, {db_label}) and the parse-only baseline "
               f"(port {parse_port}); logs in {data_dir}", flush=True)
         server = procs.start("server", [python, "-m", "sentinel.cli", "server", "--host", HOST, "--port",
-                                        str(server_port)], env, data_dir / "server.log")
+                                        str(server_port), "--workers", str(args.workers)], env,
+                             data_dir / "server.log")
         baseline = procs.start("parse-only baseline", [python, str(Path(__file__).resolve()),
                                                        "--serve-parse-only", str(parse_port)],
                                env, data_dir / "baseline.log")
@@ -705,6 +730,8 @@ def main() -> int:
     parser.add_argument("--database-url", default=None,
                         help="an existing database for the server (SENTINEL_DATABASE_URL); default SQLite in a "
                              "temporary data directory")
+    parser.add_argument("--workers", default="0",
+                        help="the server's edge workers (sentinel server --workers): 0 (one process), N or auto")
     parser.add_argument("--json", default=None, help="also write the results to this file")
     parser.add_argument("--keep", action="store_true", help="keep the data directory and database afterwards")
     parser.add_argument("--check-targets", action="store_true", help="exit 3 when a target is missed")

@@ -12,6 +12,10 @@ how far the sender fell behind schedule, server CPU (share of one core) and RSS,
 over the baseline ÷ N), and detection latency (from the XID report's send to the incident being listed by
 GET /api/v1/incidents, and the server's own `detection_latency_seconds`). Every acknowledged report must be
 in `report_receipts`. Costs are also given per 1,000 nodes and as a ratio to the smallest N of the same run.
+
+`--workers N` runs the server with N edge workers (sentinel/edge/); its CPU and RSS are then the whole process
+tree's, the core's share printed apart, with the share of the machine's cores. The server gets
+`missed_intervals_down` long enough to cover the simulator's registration (below, in `run_size`).
 """
 
 from __future__ import annotations
@@ -19,6 +23,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import math
 import os
 import shutil
 import subprocess
@@ -29,7 +34,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from ingest import count_receipts, fresh_postgres, machine_cpu_seconds, proc_cpu_seconds
+from ingest import children, count_receipts, fresh_postgres, machine_cpu_seconds, proc_cpu_seconds, tree_cpu_seconds
 from support import HOST, REPO, BenchError, Processes, api, free_port, http_call, ready, say, tail, wait
 
 DEFAULT_PG_ADMIN_URL = "postgresql+psycopg://postgres@127.0.0.1:5432/postgres"
@@ -37,6 +42,11 @@ ACCELERATORS = 8
 
 
 def rss_bytes(pid: int) -> int:
+    """Resident memory of a process and its live descendants (a server's edge workers)."""
+    return own_rss_bytes(pid) + sum(rss_bytes(child) for child in children(pid))
+
+
+def own_rss_bytes(pid: int) -> int:
     try:
         with open(f"/proc/{pid}/status") as fh:
             for line in fh:
@@ -87,10 +97,15 @@ def run_size(args: argparse.Namespace, nodes: int, url: str, data_dir: Path) -> 
     procs = Processes()
     python = sys.executable
     env = server_env(data_dir, url)
+    # The simulator registers every node before any sends (~200 registrations/s here), so the first nodes are
+    # silent for a minute at 12,500: with the default 3 missed intervals they went down, and 10,000 heartbeat
+    # incidents and node-up writes were measured instead of a fleet's steady state. An agent reports at once
+    # after it registers; the server is given the registration's length as grace instead.
+    env["SENTINEL_MISSED_INTERVALS_DOWN"] = str(3 + math.ceil(nodes / 1500 * 10 / args.interval))
     port = free_port()
     try:
-        server = procs.start("server", [python, "-m", "sentinel.cli", "server", "--host", HOST, "--port", str(port)],
-                             env, data_dir / "server.log")
+        server = procs.start("server", [python, "-m", "sentinel.cli", "server", "--host", HOST, "--port", str(port),
+                                        "--workers", str(args.workers)], env, data_dir / "server.log")
         wait("server ready", lambda: ready(port), 120, procs, [server], poll=0.2)
         time.sleep(3.0)
         rss_empty = rss_bytes(server.pid)
@@ -124,13 +139,15 @@ def run_size(args: argparse.Namespace, nodes: int, url: str, data_dir: Path) -> 
         watch = IncidentWatch(port, admin, "sim-00000")
         watch.start()
         time.sleep(args.warmup)
-        cpu0 = (proc_cpu_seconds(server.pid), proc_cpu_seconds(sim.pid), *machine_cpu_seconds(), time.monotonic())
+        cpu0 = (tree_cpu_seconds(server.pid), proc_cpu_seconds(sim.pid), *machine_cpu_seconds(), time.monotonic(),
+                proc_cpu_seconds(server.pid))
         rss_samples = []
         while time.monotonic() < sending_from + args.duration - 1:
             procs.check_alive(server)
             rss_samples.append(rss_bytes(server.pid))
             time.sleep(1.0)
-        cpu1 = (proc_cpu_seconds(server.pid), proc_cpu_seconds(sim.pid), *machine_cpu_seconds(), time.monotonic())
+        cpu1 = (tree_cpu_seconds(server.pid), proc_cpu_seconds(sim.pid), *machine_cpu_seconds(), time.monotonic(),
+                proc_cpu_seconds(server.pid))
         rss_full = rss_bytes(server.pid)
         try:
             sim.wait(timeout=args.duration + 300)
@@ -155,6 +172,8 @@ def run_size(args: argparse.Namespace, nodes: int, url: str, data_dir: Path) -> 
             "failed_attempts": summary["failed_attempts"], "errors": summary["errors"],
             "register_seconds": summary["register_seconds"],
             "server_cpu": (cpu1[0] - cpu0[0]) / wall, "simulator_cpu": (cpu1[1] - cpu0[1]) / wall,
+            "core_cpu": (cpu1[5] - cpu0[5]) / wall, "workers": args.workers,
+            "server_machine_share": (cpu1[0] - cpu0[0]) / wall / (os.cpu_count() or 1),
             "machine_cpu": (cpu1[2] - cpu0[2]) / wall,
             "rss_empty_bytes": rss_empty, "rss_bytes": rss_full, "rss_peak_bytes": max(rss_samples or [rss_full]),
             "memory_per_node_bytes": (rss_full - rss_empty) / nodes,
@@ -201,8 +220,14 @@ def print_table(db_label: str, rows: list[dict[str, Any]]) -> None:
             f"{r['p99_ms']:>8.1f}{r['max_lag_seconds']:>7.2f}{r['lost']:>6d}{r['server_cpu']:>9.0%}"
             f"{r['simulator_cpu']:>9.0%}{r['rss_bytes'] / mib:>9.0f}{r['memory_per_node_bytes'] / 1024:>10.1f}"
             f"{detect:>10}{r['load_average']:>16}")
-    say("  (CPU: share of one core over the measured window; RSS: server at the end of it; KiB/node: RSS growth "
-        "over the same server with no nodes, ÷ N; detect: XID 79 report sent → incident listed)")
+    say("  (CPU: share of one core over the measured window, the server's edge workers included; RSS: server at "
+        "the end of it; KiB/node: RSS growth over the same server with no nodes, ÷ N; detect: XID 79 report sent "
+        "→ incident listed)")
+    cores = os.cpu_count() or 1
+    for r in rows:
+        say(f"  N={r['nodes']}: server {r['server_cpu']:.0%} of a core = {r['server_machine_share']:.0%} of the "
+            f"machine's {cores} cores (the core process {r['core_cpu']:.0%}, {r['workers']} edge worker(s) "
+            f"{r['server_cpu'] - r['core_cpu']:.0%})")
     say("")
     say(f"{'growth per 1k nodes':<22}" + "".join(f"{r['nodes']:>12}" for r in rows))
     say(f"{'  server CPU / 1k':<22}" + "".join(f"{r['per_1k']['server_cpu']:>11.1%} " for r in rows))
@@ -225,6 +250,8 @@ def main() -> int:
     parser.add_argument("--duration", type=float, default=60.0, help="seconds of sending per size")
     parser.add_argument("--warmup", type=float, default=15.0, help="seconds of sending before measuring")
     parser.add_argument("--connections", type=int, default=32, help="the simulator's keep-alive connections")
+    parser.add_argument("--workers", default="0",
+                        help="the server's edge workers (sentinel server --workers): 0 (one process), N or auto")
     parser.add_argument("--postgres", action="store_true", help="a fresh PostgreSQL database per size")
     parser.add_argument("--postgres-admin-url", default=DEFAULT_PG_ADMIN_URL)
     parser.add_argument("--database-url", default=None, help="an existing, empty database (one size only)")

@@ -38,13 +38,17 @@ def cmd_server(args: argparse.Namespace) -> int:
     from sentinel.app import create_app
 
     settings = load_settings(args.config, host=args.host, port=args.port, tls_certfile=args.tls_certfile,
-                             tls_keyfile=args.tls_keyfile, tls_ca_certs=args.tls_ca_certs)
+                             tls_keyfile=args.tls_keyfile, tls_ca_certs=args.tls_ca_certs, workers=args.workers)
     logging.getLogger().setLevel(settings.log_level)
     if settings.tls_certfile is None and settings.host not in ("127.0.0.1", "::1", "localhost"):
         logging.getLogger("sentinel.server").warning(
             "listening on %s without TLS: bearer tokens cross the network in clear; set tls_certfile and "
             "tls_keyfile or put a TLS proxy in front (docs/security.md)", settings.host)
     app = create_app(settings)
+    if settings.worker_count > 0:  # edge workers hold the connections; this process holds the state
+        from sentinel.edge.server import run
+
+        return run(app, settings, settings.worker_count, args.access_log)
     # a stop waits at most 5 s for open requests: long-polls (orders, commands) end as "nothing new" on it
     uvicorn.run(app, host=settings.host, port=settings.port, log_level="warning", access_log=args.access_log,
                 server_header=False, **{"timeout_graceful_shutdown": 5, **tls_options(settings)})
@@ -241,6 +245,9 @@ def _server_parsers(sub: Any) -> None:
     p.add_argument("--host", default=None)
     p.add_argument("--port", type=int, default=None)
     p.add_argument("--access-log", action="store_true")
+    p.add_argument("--workers", type=_workers, default=None,
+                   help="edge worker processes holding the HTTP connections in front of the core: N or auto "
+                        "(one per core less one); 0, the default, serves HTTP in the one process")
     p.add_argument("--tls-certfile", default=None, help="serve HTTPS with this PEM certificate (chain)")
     p.add_argument("--tls-keyfile", default=None, help="its private key (PEM)")
     p.add_argument("--tls-ca-certs", default=None, help="require client certificates signed by this CA (PEM)")
@@ -266,6 +273,14 @@ def _address(text: str) -> str:
     if not host or not port.isdigit() or not 0 < int(port) < 65536:
         raise argparse.ArgumentTypeError(f"expected HOST:PORT, got {text!r}")
     return text
+
+
+def _workers(text: str) -> int | str:
+    if text == "auto":
+        return text
+    if not text.isdigit() or int(text) > 64:
+        raise argparse.ArgumentTypeError(f"expected a number of workers (0 to 64) or auto, got {text!r}")
+    return int(text)
 
 
 def _positive_int(text: str) -> int:

@@ -67,6 +67,10 @@ class Settings(BaseSettings):
     host: str = "127.0.0.1"
     port: int = Field(default=9480, ge=0, le=65535)
     max_body_bytes: int = Field(default=1_048_576, ge=1024)
+    # Edge workers (sentinel/edge/): processes that hold the HTTP connections (parsing, TLS, keep-alive) in
+    # front of the one process that holds the state. 0: that process serves HTTP itself; "auto": one per core
+    # the server may use, less the core's own.
+    workers: int | Literal["auto"] = Field(default=0)
     # Per-token request rate (token bucket); a token's own `rate_limit_per_second` wins. 0 disables.
     rate_limit_per_second: float = Field(default=20.0, ge=0)
     rate_limit_burst: float = Field(default=200.0, ge=0)
@@ -168,6 +172,23 @@ class Settings(BaseSettings):
     # Cells (docs/cells.md): this server's cell, added as a `cell` label to every alert it sends (Alertmanager,
     # webhook, PagerDuty, Slack), so that one Alertmanager cluster tells cells apart even where node names repeat.
     cell: str = Field(default="", max_length=63, pattern=r"^([A-Za-z0-9][A-Za-z0-9._-]*)?$")
+
+    @field_validator("workers")
+    @classmethod
+    def _workers(cls, value: int | str) -> int | str:
+        if value != "auto" and not (isinstance(value, int) and 0 <= value <= 64):
+            raise ValueError("workers is a number of edge worker processes (0 to 64) or 'auto'")
+        return value
+
+    @property
+    def worker_count(self) -> int:
+        if self.workers == "auto":  # one per core the process may run on, less the core's own
+            try:
+                cores = len(os.sched_getaffinity(0))
+            except AttributeError:  # not Linux
+                cores = os.cpu_count() or 1
+            return max(1, cores - 1)
+        return int(self.workers)
 
     @field_validator("database_url")
     @classmethod

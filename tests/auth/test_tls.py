@@ -97,8 +97,9 @@ def test_a_client_with_the_ca_bundle_succeeds_and_one_without_fails_clearly(http
         httpx.get(url.replace("https://", "http://") + "/healthz", timeout=5)
 
 
-def test_with_tls_ca_certs_the_server_wants_a_client_certificate(tmp_path, pki):
-    for url, _ in start_https(tmp_path, pki, "--tls-ca-certs", str(pki / "ca.pem")):
+@pytest.mark.parametrize("workers", ["0", "2"])  # with edge workers, TLS is theirs (sentinel/edge/)
+def test_with_tls_ca_certs_the_server_wants_a_client_certificate(tmp_path, pki, workers):
+    for url, _ in start_https(tmp_path, pki, "--tls-ca-certs", str(pki / "ca.pem"), "--workers", workers):
         plain = ssl.create_default_context(cafile=str(pki / "ca.pem"))
         with pytest.raises(httpx.HTTPError):
             httpx.get(url + "/healthz", verify=plain, timeout=5)
