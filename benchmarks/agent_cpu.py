@@ -393,7 +393,7 @@ def verify(setup: Setup) -> dict[str, Any]:
 def exit_watcher_mode(log: Path) -> str:
     text = log.read_text(errors="replace") if log.exists() else ""
     return "poll every 0.25 s (netlink refused)" if "process-events connector unavailable" in text else \
-        "netlink + poll every 1 s"
+        "netlink (a poll only for a suspect pid, and every 10 s)"
 
 
 def print_report(args: argparse.Namespace, windows: list[Window], checks: dict[str, Any], rss: dict[str, float],

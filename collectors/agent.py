@@ -19,8 +19,9 @@ from collectors.base import Collector, Readings, SourceUnavailable, create
 from collectors.dedup import EventFolder
 from collectors.endpoint import serve
 from collectors.engines.watch import EngineWatch
+from collectors.exits import ExitWatcher
 from collectors.experiments import ExchangeListener, result_of
-from collectors.jobs import ExitWatcher, TaskRelay
+from collectors.jobs import TaskRelay
 from collectors.metrics import AgentCollector, AgentSnapshot
 from collectors.probes import Prober, ProbeResponder
 from collectors.push import Pusher

@@ -142,3 +142,57 @@ def test_a_hang_freezes_the_tasks_on_it_and_clear_lets_them_go():
     finally:
         child.kill()
         child.wait()
+
+
+def test_a_child_forked_by_a_thread_that_replaced_another_is_found(tmp_path):
+    """The thread count stays the same (one thread ended, one started and forked a child): the child counts."""
+    from collectors.sim import ProcessLoad
+
+    go = tmp_path / "go"
+    task = subprocess.Popen([sys.executable, "-c",
+                             "import os, subprocess, sys, threading, time\n"
+                             "t = threading.Thread(target=time.sleep, args=(0.5,)); t.start()\n"
+                             f"while not os.path.exists({str(go)!r}): time.sleep(0.01)\n"
+                             "t.join()\n"
+                             "def fork():\n"
+                             "    subprocess.Popen([sys.executable, '-c', 'x = bytearray(200 * 2**20); "
+                             "import time; time.sleep(60)'])\n"
+                             "    time.sleep(60)\n"
+                             "threading.Thread(target=fork, daemon=True).start()\n"
+                             "time.sleep(60)\n"])
+    try:
+        load = ProcessLoad()
+        wait_for(lambda: len(os.listdir(f"/proc/{task.pid}/task")) == 2, timeout=10, what="the first thread")
+        alone = load(task.pid)[1]
+        go.touch()
+
+        def child_grown() -> bool:  # read here, not through `load`, which must see the change in one step
+            children = [int(c) for t in os.listdir(f"/proc/{task.pid}/task")
+                        for c in Path(f"/proc/{task.pid}/task/{t}/children").read_text().split()]
+            pages = int(Path(f"/proc/{children[0]}/statm").read_text().split()[1]) if children else 0
+            return pages * os.sysconf("SC_PAGE_SIZE") > 199 * 2**20
+
+        wait_for(child_grown, timeout=15, what="the new thread's child")
+        assert len(os.listdir(f"/proc/{task.pid}/task")) == 2
+        assert load(task.pid)[1] > alone + 199 * 2**20
+    finally:
+        children = [int(c) for t in os.listdir(f"/proc/{task.pid}/task")
+                    for c in Path(f"/proc/{task.pid}/task/{t}/children").read_text().split()]
+        for pid in [*children, task.pid]:
+            os.kill(pid, 9)
+        task.wait()
+    assert load(task.pid) == (0.0, 0)
+
+
+def test_an_idle_accelerator_gives_the_same_sample_until_something_changes():
+    sim = SimCollector(2, "n1", peak_flops=1e9)
+    first = sim.collect([]).accelerators
+    again = sim.collect([]).accelerators
+    assert [a is b for a, b in zip(first, again, strict=True)] == [True, True]
+    sim.inject(1, "ecc")
+    sim.inject(0, "thermal")
+    after = sim.collect([]).accelerators
+    assert after[1].ecc_uncorrected_total == 1 and after[0].temperature_celsius == 95.0
+    assert after[0].throttle_reasons == ["hw_thermal_slowdown"] and after[1].temperature_celsius == 32.0
+    sim.inject(0, "clear")
+    assert sim.collect([]).accelerators[0] == first[0]

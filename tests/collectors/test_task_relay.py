@@ -7,10 +7,12 @@ import struct
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 
-from collectors.jobs import ExitWatcher, TaskRelay, parse_exit
+from collectors.exits import ExitWatcher, parse_exit
+from collectors.jobs import TaskRelay
 from sentinel.telemetry.schemas import SdkBatch, TaskExit
 
 
@@ -80,3 +82,94 @@ def test_exits_are_seen_with_their_signal_or_code_within_a_second(use_netlink):
         assert (by_rank[1].signal, by_rank[1].exit_code) == (None, 3)
     else:
         assert set(by_rank) == {0, 1}  # polling knows that they ended, not how
+
+
+def test_relay_sums_are_the_step_by_step_sums_in_arrival_order():
+    """Every figure equals adding each step in the order it came (floating-point sums included, to the bit),
+    over batches with missing tokens and exposed times, an end that goes back, and more steps than are kept."""
+    import random
+
+    rng = random.Random(7)
+    relay, steps = TaskRelay(), []
+    start = 1.8e9
+    for b in range(12):
+        chunk = []
+        for _ in range(rng.randint(0 if b == 3 else 1, 200)):
+            start += rng.uniform(-0.005, 0.02)  # ends mostly grow; some go back and start no iteration
+            chunk.append((len(steps) + len(chunk) + 1, start, rng.uniform(0.001, 0.02), rng.choice([None, 0, 4096]),
+                          rng.uniform(0, 0.001), rng.choice([None, rng.uniform(0, 0.001)])))
+        relay.add(SdkBatch.model_validate({"job_id": 3, "rank": 0, "pid": 4242, "steps": chunk}))
+        steps.extend(chunk)
+    (task,) = relay.drain()
+    busy = coll = iteration_seconds = 0.0
+    exposed: float | None = None
+    iterations, tokens, previous = 0, 0, None
+    for _i, started, duration, tok, c, e in steps:
+        end = started + duration
+        if previous is not None and end > previous:
+            iterations += 1
+            iteration_seconds += end - previous
+        previous = end
+        busy += duration
+        tokens += tok or 0
+        coll += c
+        if e is not None:
+            exposed = (exposed or 0.0) + e
+    assert (task.steps, task.last_step, task.tokens, task.iterations) == (len(steps), steps[-1][0], tokens, iterations)
+    assert (task.busy_seconds, task.collective_seconds, task.iteration_seconds) == (busy, coll, iteration_seconds)
+    assert task.exposed_collective_seconds == exposed
+    assert task.first_step_at == steps[0][1] + steps[0][2]
+    assert task.step_seconds == [s[2] for s in steps[:1024]]
+
+
+def test_a_task_that_ended_before_it_was_watched_is_reported_at_once_not_at_the_next_safety_round():
+    """Its exit message went by before the pid was watched; a zombie (not yet reaped) is still a process to
+    psutil, so the watcher looks at it now rather than every 10 s."""
+    seen: list[TaskExit] = []
+    watcher = ExitWatcher(seen.append)
+    watcher.start()
+    ended = subprocess.Popen([sys.executable, "-c", "pass"])
+    try:
+        deadline = time.monotonic() + 10
+        while Path(f"/proc/{ended.pid}/stat").read_text().rpartition(")")[2].split()[0] != "Z":
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
+        started = time.monotonic()
+        watcher.watch(ended.pid, job_id=1, rank=5)
+        while not seen and time.monotonic() - started < 5:
+            time.sleep(0.02)
+        assert [(e.pid, e.rank) for e in seen] == [(ended.pid, 5)] and time.monotonic() - started < 3.5
+    finally:
+        watcher.close()
+        ended.wait()
+
+
+@pytest.mark.parametrize("max_filtered", [200, 0])
+def test_other_processes_exits_do_not_wake_the_listener_while_few_pids_are_watched(monkeypatch, max_filtered):
+    """The kernel filter passes the watched pids' exits only; past MAX_FILTERED_PIDS it passes every process's."""
+    import collectors.exits
+
+    monkeypatch.setattr(collectors.exits, "MAX_FILTERED_PIDS", max_filtered)
+    seen: list[TaskExit] = []
+    watcher = ExitWatcher(seen.append)
+    if watcher.mode != "netlink" or not watcher._filtering:
+        watcher.close()
+        pytest.skip("the process-events connector or its filter is refused here (needs CAP_NET_ADMIN)")
+    watcher.start()
+    task = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        watcher.watch(task.pid, job_id=1, rank=0)
+        for _ in range(20):
+            subprocess.run(["true"], check=True)
+        task.kill()
+        task.wait()
+        deadline = time.monotonic() + 3
+        while not seen and time.monotonic() < deadline:
+            time.sleep(0.01)
+    finally:
+        watcher.close()
+    assert [(e.pid, e.signal) for e in seen] == [(task.pid, 9)]
+    if max_filtered:
+        assert watcher.messages_total == 1
+    else:
+        assert watcher.messages_total >= 21

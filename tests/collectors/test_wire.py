@@ -4,13 +4,18 @@ one kept-alive connection, and a connection the server closed while idle reopene
 from __future__ import annotations
 
 import contextlib
+import http.client
+import io
+import shutil
 import socket
+import ssl
+import subprocess
 import threading
 from typing import Any
 
 import pytest
 
-from collectors.wire import LinkError, ReportLink
+from collectors.wire import LinkError, ReportLink, read_reply
 from tests.ha.test_leader import Fake
 from tests.live import free_port
 
@@ -18,9 +23,11 @@ from tests.live import free_port
 class KeepAlive:
     """An HTTP/1.1 server that keeps connections open, counts them, and can drop them all (an idle timeout)."""
 
-    def __init__(self) -> None:
+    def __init__(self, tls: ssl.SSLContext | None = None) -> None:
         self.listener = socket.create_server(("127.0.0.1", 0))
-        self.url = f"http://127.0.0.1:{self.listener.getsockname()[1]}"
+        self.url = f"http{'s' if tls else ''}://127.0.0.1:{self.listener.getsockname()[1]}"
+        if tls is not None:
+            self.listener = tls.wrap_socket(self.listener, server_side=True)
         self.connections: list[socket.socket] = []
         self.accepted = 0
         self.bodies: list[bytes] = []
@@ -133,3 +140,52 @@ def test_all_servers_away_raise_link_error_naming_the_server():
 def test_a_url_that_is_not_http_is_refused_at_once():
     with pytest.raises(ValueError, match="expected http"):
         ReportLink("ftp://example", token="t")
+
+
+@pytest.mark.parametrize(("answer", "status", "content", "role", "keep_alive"), [
+    (b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\n{}", 200, b"{}", "", True),
+    (b"HTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\n{}", 200, b"{}", "", True),
+    (b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n3;x=1\r\n{\"a\r\n4\r\n\":1}\r\n0\r\nX-T: 1\r\n\r\n",
+     200, b'{"a":1}', "", True),
+    (b"HTTP/1.1 503 Service Unavailable\r\nX-Sentinel-Role: standby\r\nContent-Length: 0\r\n\r\n", 503, b"", "standby",
+     True),
+    (b"HTTP/1.1 200 OK\r\nConnection: close\r\nContent-Length: 2\r\n\r\n{}", 200, b"{}", "", False),
+    (b"HTTP/1.0 200 OK\r\nContent-Length: 2\r\n\r\n{}", 200, b"{}", "", False),
+    (b"HTTP/1.0 200 OK\r\nConnection: keep-alive\r\nContent-Length: 2\r\n\r\n{}", 200, b"{}", "", True),
+    (b"HTTP/1.1 200 OK\r\n\r\nto the end", 200, b"to the end", "", False),
+    (b"HTTP/1.1 204 No Content\r\n\r\n", 204, b"", "", True),
+])
+def test_an_answer_is_read_by_its_framing(answer, status, content, role, keep_alive):
+    reply, keep = read_reply(io.BytesIO(answer))
+    assert (reply.status_code, reply.content, reply.role, keep) == (status, content, role, keep_alive)
+
+
+@pytest.mark.parametrize(("answer", "error"), [
+    (b"", http.client.RemoteDisconnected),
+    (b"SSH-2.0-OpenSSH\r\n", http.client.BadStatusLine),
+    (b"HTTP/1.1 200 OK\r\nContent-Length: 10\r\n\r\nshort", http.client.IncompleteRead),
+    (b"HTTP/1.1 200 OK\r\nContent-Length: many\r\n\r\n", http.client.HTTPException),
+])
+def test_an_answer_that_cannot_be_read_raises_what_http_client_raised(answer, error):
+    with pytest.raises(error):
+        read_reply(io.BytesIO(answer))
+
+
+@pytest.mark.skipif(shutil.which("openssl") is None, reason="openssl is not installed")
+def test_reports_go_over_https_to_a_server_the_context_trusts(tmp_path):
+    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", "key.pem", "-out",
+                    "cert.pem", "-days", "1", "-subj", "/CN=localhost", "-addext", "subjectAltName=IP:127.0.0.1"],
+                   cwd=tmp_path, check=True, capture_output=True, timeout=60)
+    tls = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    tls.load_cert_chain(tmp_path / "cert.pem", tmp_path / "key.pem")
+    server = KeepAlive(tls)
+    try:
+        link = ReportLink(server.url, token="t", ssl_context=ssl.create_default_context(cafile=tmp_path / "cert.pem"))
+        assert [link.post("/r", body).status_code for body in (b"one", b"two")] == [200, 200]
+        assert server.bodies == [b"one", b"two"] and server.accepted == 1
+        link.close()
+        with pytest.raises(LinkError):  # a server the context does not trust is not talked to
+            ReportLink(server.url, token="t", ssl_context=ssl.create_default_context()).post("/r", b"three")
+        assert server.bodies == [b"one", b"two"]
+    finally:
+        server.close()
