@@ -11,27 +11,30 @@
 thread hashes it into chunks, writes the chunks each tier lacks, writes the rank's manifest and
 registers the shard with the catalog. The local tier is written every `every` steps (and copied to a
 peer node's local tier when `replica_node` is set), the persistent tier every `persistent_every`.
-After `ckpt.guard(optimizer)` even that copy overlaps the next forward and backward: the parameters
-and optimizer state are copied on the writer thread and `optimizer.step()` waits until they are.
+By default (`guard=True`, SENTINEL_CHECKPOINT_GUARD) even that copy overlaps the next forward and backward:
+the parameters and state of every torch optimizer seen stepping are copied on a stage thread, and the next
+`optimizer.step()` waits until they are (a global step pre-hook). Each such tensor's version counter is
+checked after its copy: one changed in place meanwhile (not by a step) fails that save instead of writing a
+torn checkpoint, and turns the overlap off for the rest of the run.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import tempfile
 import threading
 import time
+import weakref
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
 from typing import Any
 
-import numpy as np
-
-from sentinel.sdk import chunks, saving
-from sentinel.sdk.catalog import Catalog, CatalogError
+from sentinel.sdk import chunks, guarding, saving
+from sentinel.sdk.catalog import Catalog
 from sentinel.sdk.stores import CheckpointStore, LocalDirStore, SharedDirStore
 from sentinel.sdk.telemetry import env_int
 
@@ -88,7 +91,7 @@ class CheckpointManager:
                  row_chunked: tuple[str, ...] = chunks.ROW_CHUNKED, catalog: Catalog | bool | None = True,
                  write_bytes_per_second: float | None = None, attempt: int | None = None,
                  optimizers: tuple[Any, ...] | list[Any] = (), when_busy: str | None = None,
-                 writer_niceness: int = saving.WRITER_NICENESS):
+                 writer_niceness: int = saving.WRITER_NICENESS, guard: bool | None = None):
         self.job_id = job_id if job_id is not None else (env_int("SENTINEL_JOB_ID") or 0)
         self.rank = rank if rank is not None else (env_int("SENTINEL_RANK", "RANK") or 0)
         attempt = attempt if attempt is not None else env_int("SENTINEL_ATTEMPT", "TORCHELASTIC_RESTART_COUNT")
@@ -120,13 +123,20 @@ class CheckpointManager:
         self.saves_coalesced = self.saves_skipped = 0
         self._lock = threading.Lock()
         self._guarded: list[Any] = []  # optimizers whose step() waits for the snapshot (guard())
+        self._seen: weakref.WeakSet[Any] = weakref.WeakSet()  # torch optimizers seen stepping (guard=True)
+        self.auto_guard = guard if guard is not None else guarding.env_flag("SENTINEL_CHECKPOINT_GUARD", True)
+        self._global_hook: Any = None
+        self.overlap_disabled: str | None = None  # why the snapshot is no longer overlapped, once it is not
         self._snapshotted = threading.Event()
+        self._on_stage_thread = threading.local()
+        self._written_direct: set[str] = set()  # tensors a first save wrote straight to the local tier
         self._snapshotted.set()
         self._waiting_since: float | None = None  # when a guarded step() began to wait for it
         self._collected: set[tuple[int, int | None]] = set()  # retired (step, attempt)s already collected
         self.last_result: SaveResult | None = None
         self.errors = 0
         self.guard(*optimizers)  # given the optimizers, the snapshot overlaps the next forward and backward
+        guarding.watch_optimizers(self)
 
     def __repr__(self) -> str:
         return f"CheckpointManager(job={self.job_id}, rank={self.rank}, node={self.node!r})"
@@ -154,6 +164,7 @@ class CheckpointManager:
         if policy not in saving.WHEN_BUSY:
             raise ValueError(f"when_busy must be one of {saving.WHEN_BUSY}, not {policy!r}")
         started = time.perf_counter()
+        guarding.watch_optimizers(self)
         if policy == "wait" and self._live():
             with _paused():  # the loop waits here on purpose: the server does not judge it hung meanwhile
                 self.wait()
@@ -195,10 +206,15 @@ class CheckpointManager:
         tensors are left to the stage thread (`job.later`)."""
         with _paused():
             job.skeleton, tensors = chunks.flatten(state)
-            guarded = self._guarded_storage() if defer else set()
-            job.later = {name: value for name, value in tensors.items() if guarded and _storage(value) in guarded}
+            guarded = guarding.guarded_storage(self) if defer and self.overlap_disabled is None else set()
+            job.later = {name: value for name, value in tensors.items()
+                         if guarded and guarding.storage(value) in guarded}
+            job.versions = {name: value._version for name, value in job.later.items()}
+            job.order = list(tensors)
             self._slot = job.slot
-            job.snapshot = {name: self._stage(name, value) for name, value in tensors.items() if name not in job.later}
+            now = {name: value for name, value in tensors.items() if name not in job.later}
+            direct = self._write_direct(job, now) if defer else set()
+            job.snapshot = {name: self._stage(name, value) for name, value in now.items() if name not in direct}
         if job.later:
             self._waiting_since = None
             self._snapshotted.clear()
@@ -226,21 +242,18 @@ class CheckpointManager:
             with _paused():
                 self._snapshotted.wait()
 
-    def _guarded_storage(self) -> set[int]:
-        owned: set[int] = set()
-        for optimizer in self._guarded:
-            owned.update(p.data_ptr() for group in optimizer.param_groups for p in group["params"] if p.numel())
-            for per_param in optimizer.state.values():
-                owned.update(v.data_ptr() for v in per_param.values() if chunks.is_tensor(v) and v.numel())
-        return owned
-
     def _stage_later(self, job: saving.Job) -> None:
         """On the stage thread: copy the guarded tensors, release guarded step()s, hand the job to the writer."""
         try:
             self._slot = job.slot
+            self._on_stage_thread.active = True  # its copies use this thread alone (saving.stage)
+            direct = self._write_direct(job, job.later)
             for name, value in job.later.items():
-                job.snapshot[name] = self._stage(name, value)
+                if name not in direct:
+                    job.snapshot[name] = self._stage(name, value)
+            guarding.check_versions(self, job)
         except BaseException as exc:
+            saving.release(job)
             job.future.set_exception(exc)
             return
         finally:
@@ -251,9 +264,28 @@ class CheckpointManager:
                 job.stall += done - waiting_since if waiting_since is not None else 0.0
         self._writer.submit(self._run, job)
 
+    def _write_direct(self, job: saving.Job, tensors: dict[str, Any]) -> set[str]:
+        """A save with nothing in flight, due on the local tier alone, writes the tensors it has never saved straight
+        into it (a first save: one pass instead of a copy into fresh memory and a write); later saves copy them."""
+        if len(job.stores) != 1 or job.stores[0] is not self.local or self.write_bytes_per_second:
+            return set()  # (a paced write belongs on the writer thread)
+        unbuffered = saving.unbuffered(self._staging[job.slot], tensors, self._written_direct)
+        if not unbuffered:
+            return set()
+        try:
+            saving.write_direct(job, self.local, unbuffered, self._chunking)
+        except (OSError, TimeoutError) as exc:  # copied instead: the writer thread meets it and reports it
+            log.debug("checkpoint direct write failed, copying instead: step=%d error=%s", job.step, exc)
+            if not job.direct:
+                saving.release(job)
+            return set()
+        self._written_direct.update(unbuffered)  # once: from the next save on they have buffers and are copied
+        return set(unbuffered)
+
     def _stage(self, name: str, value: Any) -> Any:
         """Copy into this tensor's host buffer from the last save in its slot (allocating only when needed)."""
-        return saving.stage(self._staging[self._slot], name, value)
+        one_thread = getattr(self._on_stage_thread, "active", False)
+        return saving.stage(self._staging[self._slot], name, value, one_thread=one_thread)
 
     def _run(self, job: saving.Job) -> None:
         with self._lock:
@@ -279,63 +311,23 @@ class CheckpointManager:
         return result
 
     def close(self) -> None:
+        """Wait for the saves in flight; then the spare packs of this manager's stores go (disk space)."""
         with _paused():
             self.wait()
         self._stager.shutdown(wait=True)
         self._writer.shutdown(wait=True)
+        if self._global_hook is not None:
+            self._global_hook.remove()
+            self._global_hook = None
+        for store in (self.local, self.replica, self.persistent):
+            if store is not None and store.packs.is_dir():
+                with contextlib.suppress(OSError):
+                    store.drop_spares()
 
     def _write(self, job: saving.Job) -> SaveResult:
         from sentinel.sdk.writing import write
 
         return write(self, job)
-
-    def _register(self, result: SaveResult, manifest_digest: str, stores: list[CheckpointStore]) -> None:
-        retire: list[tuple[int, int | None]] = []
-        if self.catalog is not None:
-            try:
-                answer = self.catalog.register_shard(result.step, self.rank, {
-                    "manifest_digest": manifest_digest, "bytes_total": result.bytes_total,
-                    "bytes_written": result.bytes_written, "stall_seconds": result.stall_seconds,
-                    "write_seconds": result.write_seconds, "attempt": self.attempt,
-                    "locations": [s.location() for s in stores]})
-            except (CatalogError, OSError) as exc:
-                self.errors += 1
-                log.error("checkpoint not registered: job=%d rank=%d step=%d error=%s; the files are on disk but "
-                          "recovery will not use this step", self.job_id, self.rank, result.step, exc)
-                return
-            result.committed = bool(answer.get("committed"))
-            # (step, attempt): a step a later attempt saved again keeps that attempt's manifest
-            retire = [(int(r["step"]), int(r["attempt"])) for r in answer.get("retired", [])]
-        else:
-            result.retired = self._retire_locally(self.local)
-            # each tier by its own steps: the persistent tier saves less often, and the local tier's
-            # retention must not delete its only checkpoint
-            for store in (self.local, self.replica, self.persistent):
-                if store is not None and (steps := self._retire_locally(store)):
-                    self._collect([(step, None) for step in steps], [store])
-            return
-        result.retired = [step for step, _ in retire]
-        fresh = [entry for entry in retire if entry not in self._collected]  # a collection reads every manifest
-        if fresh:
-            self._collect(fresh, [self.local, self.replica, self.persistent])
-            self._collected.update(fresh)
-
-    def _retire_locally(self, store: CheckpointStore) -> list[int]:
-        steps = list(store.steps(self.job_id))
-        return sorted(set(steps) - retained_steps(steps, keep_last=self.keep_last, keep_every=self.keep_every))
-
-    def _collect(self, steps: list[tuple[int, int | None]], stores: list[CheckpointStore | None]) -> None:
-        for store in stores:
-            if store is None or not store.root.exists():
-                continue
-            try:
-                report = store.collect_garbage(retire=[(self.job_id, s, a) for s, a in steps])
-            except (OSError, TimeoutError) as exc:
-                log.warning("checkpoint garbage collection skipped: store=%s error=%s", store.root, exc)
-                continue
-            if report.bytes_freed or report.manifests_deleted:
-                log.info("checkpoint garbage collected: store=%s retired_steps=%s freed=%d bytes packs_deleted=%d",
-                         store.root, [s for s, _ in steps], report.bytes_freed, report.packs_deleted)
 
     # -- restoring --------------------------------------------------------------------------------------
     def restore(self, step: int | None = None, *, agree: Callable[[int], int] | None = None) -> Restored | None:
@@ -364,11 +356,6 @@ class CheckpointManager:
         if self.replica is not None and node == self.replica.node:
             return self.replica
         return LocalDirStore(self.local_template.format(node=node), node=node)
-
-
-def _storage(value: Any) -> int:
-    """Where a tensor's data lives (0 for arrays and empty tensors: never guarded)."""
-    return int(value.data_ptr()) if not isinstance(value, np.ndarray) and value.numel() else 0
 
 
 def _resolved(result: SaveResult) -> Future[SaveResult]:

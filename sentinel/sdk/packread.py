@@ -1,6 +1,7 @@
 """Reading a tensor's chunks back out of a store's packs with as few reads as the layout allows.
 
-A tensor's chunks are looked up at once (numpy does the arithmetic, not a Python loop per chunk). The pack
+A tensor's chunks are looked up at once (sentinel.sdk.chunkindex: numpy does the arithmetic, not a Python loop
+per chunk). The pack
 that holds most of its bytes at one fixed shift (a first save, or the chunks a sparse update left unchanged)
 is read across the whole span in one pass, in pieces read in parallel (a read releases the GIL, and the
 page faults of fresh memory are the cost); the chunks it does not hold are then laid on top, read pack by
@@ -14,7 +15,6 @@ import os
 import threading
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
-from operator import attrgetter
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -26,7 +26,6 @@ if TYPE_CHECKING:
 
 PIECE_BYTES = 16 << 20  # a span longer than this is read in pieces, in parallel
 READERS = int(os.environ.get("SENTINEL_RESTORE_READERS", "0")) or max(1, min(4, os.cpu_count() or 1))
-_PACK, _OFFSET, _LENGTH = attrgetter("pack"), attrgetter("offset"), attrgetter("length")
 _pool: ThreadPoolExecutor | None = None
 _pool_lock = threading.Lock()
 
@@ -51,18 +50,12 @@ def read_chunks(store: CheckpointStore, digests: list[str], into: memoryview,
 
 
 def _read_chunks(store: CheckpointStore, digests: list[str], into: memoryview, touched: Future[object] | None) -> None:
-    index = store._index
     try:
-        refs = list(map(index.__getitem__, digests))
+        packs, offsets, lengths = store._index.locate(digests)
     except KeyError as exc:
         raise CheckpointStoreError(errno.ENOENT, f"chunk {exc.args[0]} is in no pack under {store.packs}") from None
-    n = len(refs)
-    lengths = np.fromiter(map(_LENGTH, refs), dtype=np.int64, count=n)
-    offsets = np.fromiter(map(_OFFSET, refs), dtype=np.int64, count=n)
-    names = list(map(_PACK, refs))  # a pack's refs share one name object: its id() groups them cheaply
-    ids, packs = np.unique(np.fromiter(map(id, names), dtype=np.int64, count=n), return_inverse=True)
-    by_id = {id(name): name for name in set(names)}
-    pack_of = [by_id[int(i)] for i in ids]
+    n = len(digests)
+    pack_of = store._index.pack_name
     ends = np.cumsum(lengths)
     total = int(ends[-1]) if n else 0
     if total > len(into):
@@ -75,7 +68,7 @@ def _read_chunks(store: CheckpointStore, digests: list[str], into: memoryview, t
     positions = ends - lengths
     fds: dict[str, int] = {}
     try:
-        keys = packs * (1 << 44) + (offsets - positions + (1 << 43))  # (pack, shift) in one integer
+        keys = packs.astype(np.int64) * (1 << 44) + (offsets - positions + (1 << 43))  # (pack, shift) in one integer
         _, inverse = np.unique(keys, return_inverse=True)
         best = int(np.argmax(np.bincount(inverse, weights=lengths)))
         main = inverse == best
@@ -83,11 +76,11 @@ def _read_chunks(store: CheckpointStore, digests: list[str], into: memoryview, t
             touched.result()
         first, end = int(positions[main][0]), int(ends[main][-1])
         shift = int(offsets[main][0] - positions[main][0])
-        _span(store, fds, pack_of[int(packs[main][0])], first + shift, into[first:end])
+        _span(store, fds, pack_of(int(packs[main][0])), first + shift, into[first:end])
         rest = np.flatnonzero(~main)
         for pack in np.unique(packs[rest]) if rest.size else ():
             chosen = rest[packs[rest] == pack]
-            _lay(store, fds, pack_of[int(pack)], offsets[chosen], positions[chosen], lengths[chosen], into)
+            _lay(store, fds, pack_of(int(pack)), offsets[chosen], positions[chosen], lengths[chosen], into)
     finally:
         for fd in fds.values():
             os.close(fd)

@@ -173,7 +173,7 @@ def _tensor(store: CheckpointStore, spec: chunks.TensorSpec, where: str) -> Any:
         piece = view[index * spec.chunk_bytes:(index + 1) * spec.chunk_bytes]
         actual = chunks.digest(piece)
         if actual != expected:
-            ref = store.chunk_refs().get(expected)
+            ref = store.chunk_ref(expected)
             place = f"{store.packs / (ref.pack + '.pack')} offset {ref.offset}" if ref else "unknown pack"
             raise CorruptCheckpoint(
                 f"{where}: tensor {spec.name!r} chunk {index + 1} of {len(spec.chunks)} is corrupt (expected "

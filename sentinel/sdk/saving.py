@@ -45,11 +45,16 @@ class Job:
     skeleton: Any = None
     snapshot: dict[str, Any] = field(default_factory=dict)
     later: dict[str, Any] = field(default_factory=dict)  # guarded tensors the stage thread copies
+    versions: dict[str, int] = field(default_factory=dict)  # their version counters when save() returned
     stall: float = 0.0
     coalesced: list[int] = field(default_factory=list)  # older steps whose saves this one replaced
     future: Future[Any] = field(default_factory=Future)
     started: bool = False  # begun (or in flight from the start: nothing was live): never replaced
     superseded_by: int | None = None
+    order: list[str] = field(default_factory=list)  # tensor names as flattened (the manifest's order)
+    direct: dict[str, chunks.TensorSpec] = field(default_factory=dict)  # written straight to the local tier
+    direct_written: tuple[int, int] = (0, 0)  # their (chunks, bytes) written
+    lock_fd: int | None = None  # the local tier's shared lock, held from the first direct write to the manifest
 
 
 def lower_priority(niceness: int) -> None:
@@ -63,8 +68,11 @@ def lower_priority(niceness: int) -> None:
         log.debug("checkpoint writer priority unchanged: %s", exc)
 
 
-def stage(staging: dict[str, Any], name: str, value: Any) -> Any:
-    """Copy into this tensor's host buffer in `staging` (allocating only when the shape changed)."""
+def stage(staging: dict[str, Any], name: str, value: Any, *, one_thread: bool = False) -> Any:
+    """Copy into this tensor's host buffer in `staging` (allocating only when the shape changed).
+
+    `one_thread`: a CPU tensor is copied by numpy on this thread alone. torch's copy_ off the main thread starts
+    a second OpenMP team as wide as the machine, which fights the training loop's for the same cores."""
     buffer = staging.get(name)
     if isinstance(value, np.ndarray):
         if not (isinstance(buffer, np.ndarray) and buffer.shape == value.shape and buffer.dtype == value.dtype):
@@ -75,10 +83,48 @@ def stage(staging: dict[str, Any], name: str, value: Any) -> Any:
     if not (isinstance(buffer, torch.Tensor) and buffer.shape == value.shape and buffer.dtype == value.dtype):
         pin = value.device.type == "cuda"
         buffer = staging[name] = torch.empty(value.shape, dtype=value.dtype, pin_memory=pin)
+    if one_thread and value.device.type == "cpu" and value.is_contiguous() and value.numel():
+        np.copyto(np.asarray(bytes_of(buffer)), np.asarray(bytes_of(value.detach())))  # the GIL released
+        return buffer
     buffer.copy_(value.detach(), non_blocking=value.device.type == "cuda")
     if value.device.type == "cuda":
         torch.cuda.current_stream(value.device).synchronize()
     return buffer
+
+
+def unbuffered(staging: dict[str, Any], tensors: dict[str, Any], before: set[str]) -> dict[str, Any]:
+    """The CPU tensors never saved `before` that have no host buffer in `staging` (a first save): copying them
+    would first fault in fresh memory, about as slow as writing them, and then they would be written anyway."""
+    out = {}
+    for name, value in tensors.items():
+        buffer: Any = staging.get(name)
+        if name in before or (type(buffer) is type(value) and buffer.shape == value.shape
+                              and buffer.dtype == value.dtype):
+            continue
+        if isinstance(value, np.ndarray):
+            if value.size and value.flags.c_contiguous:
+                out[name] = value
+        elif value.device.type == "cpu" and value.numel() and value.is_contiguous():
+            out[name] = value.detach()
+    return out
+
+
+def write_direct(job: Job, store: Any, tensors: dict[str, Any], chunking: dict[str, Any]) -> None:
+    """Hash and write these tensors into `store` now, instead of copying them for the writer thread; the store
+    stays locked (shared) until the writer has written the manifest that names them."""
+    if job.lock_fd is None:
+        job.lock_fd = store.hold_shared()
+        store.refresh()
+    specs, pieces = cut_snapshot(tensors, chunking)
+    n, nbytes = store.write_pack(pieces)
+    job.direct.update((spec.name, spec) for spec in specs)
+    job.direct_written = (job.direct_written[0] + n, job.direct_written[1] + nbytes)
+
+
+def release(job: Job) -> None:
+    if job.lock_fd is not None:
+        os.close(job.lock_fd)
+        job.lock_fd = None
 
 
 def bytes_of(buffer: Any) -> memoryview:

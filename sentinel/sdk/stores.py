@@ -3,11 +3,17 @@
 Layout of a store root:
   packs/<id>.pack   the chunks one save wrote, back to back
   packs/<id>.idx    what is in that pack (digest, offset, length); a pack without one is a torn write
+  packs/<id>.spare  a retired pack kept for the next save to overwrite in place (no index: nothing in it is read)
   manifests/job-<job>/step-<step>/rank-<rank>.json
   lock              saves hold it shared, garbage collection exclusive (flock, across processes)
 
 A save checks which chunks exist and writes its manifest under the shared lock, so the collector,
 which needs the lock exclusively, can never delete a chunk that a save is about to reference.
+
+Packs are recycled, as PostgreSQL recycles WAL segments: collection renames a dead pack to a spare (while
+spares stay within the live bytes) and the next pack is written over a spare in place. Overwriting pages
+the page cache already holds costs a memory copy; a new file costs allocating every page and block again,
+and freed memory comes back slowly (~4x the copy here; more on a VM that hands freed pages to its host).
 """
 
 from __future__ import annotations
@@ -15,17 +21,20 @@ from __future__ import annotations
 import contextlib
 import errno
 import fcntl
-import json
+import logging
 import os
 import time
 import uuid
 from collections.abc import Callable, Iterable, Iterator
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from sentinel.sdk.chunkindex import ChunkIndex, ChunkRef
+from sentinel.sdk.collection import GarbageReport, collect_garbage
+
+log = logging.getLogger("sentinel.sdk.checkpoint")
 IDX_MAGIC = b"SNTIDX1\n"
 WRITEV_MAX = 1024  # IOV_MAX on Linux
 WRITE_BATCH_BYTES = 64 << 20
@@ -34,22 +43,6 @@ IDX_RECORD = np.dtype([("digest", "S16"), ("offset", "<u8"), ("length", "<u4")])
 
 class CheckpointStoreError(OSError):
     """A store could not be read or written; the message says which file and why."""
-
-
-@dataclass(frozen=True)
-class ChunkRef:
-    pack: str
-    offset: int
-    length: int
-
-
-@dataclass
-class GarbageReport:
-    manifests_deleted: int = 0
-    packs_deleted: int = 0
-    packs_rewritten: int = 0
-    bytes_freed: int = 0
-    live_chunks: int = 0
 
 
 class CheckpointStore:
@@ -63,7 +56,7 @@ class CheckpointStore:
         self.node = node
         self.packs = self.root / "packs"
         self.manifests = self.root / "manifests"
-        self._index: dict[str, ChunkRef] = {}
+        self._index = ChunkIndex()
         self._loaded: set[str] = set()
 
     def __repr__(self) -> str:
@@ -83,6 +76,13 @@ class CheckpointStore:
     # -- locking ---------------------------------------------------------------------------------------
     @contextlib.contextmanager
     def _lock(self, mode: int, timeout_seconds: float | None) -> Iterator[None]:
+        fd = self._acquire(mode, timeout_seconds)
+        try:
+            yield
+        finally:
+            os.close(fd)  # releases the lock
+
+    def _acquire(self, mode: int, timeout_seconds: float | None) -> int:
         self._ensure()
         fd = os.open(self.root / "lock", os.O_RDWR | os.O_CREAT, 0o644)
         try:
@@ -90,18 +90,23 @@ class CheckpointStore:
             while True:
                 try:
                     fcntl.flock(fd, mode | (fcntl.LOCK_NB if deadline is not None else 0))
-                    break
+                    return fd
                 except BlockingIOError:
                     if deadline is not None and time.monotonic() > deadline:
                         raise TimeoutError(f"checkpoint store {self.root} is busy") from None
                     time.sleep(0.01)
-            yield
-        finally:
-            os.close(fd)  # releases the lock
+        except BaseException:
+            os.close(fd)
+            raise
 
     def shared(self) -> contextlib.AbstractContextManager[None]:
         """Held by a save from its first `has()` until its manifest is written, and by a restore."""
         return self._lock(fcntl.LOCK_SH, None)
+
+    def hold_shared(self) -> int:
+        """The shared lock, held until `os.close()` of the returned descriptor (by any thread): a save whose
+        first pack is written on one thread and its manifest on another."""
+        return self._acquire(fcntl.LOCK_SH, None)
 
     def exclusive(self, timeout_seconds: float = 60.0) -> contextlib.AbstractContextManager[None]:
         return self._lock(fcntl.LOCK_EX, timeout_seconds)
@@ -114,13 +119,14 @@ class CheckpointStore:
         except FileNotFoundError:
             present = set()
         if self._loaded - present:  # start over: a digest of a deleted pack may also be in one still loaded
-            self._index, self._loaded = {}, set()
+            self._index.clear()
+            self._loaded = set()
         for pack in sorted(present - self._loaded):
-            for digest_hex, ref in self._read_idx(pack):
-                self._index.setdefault(digest_hex, ref)
+            self._read_idx(pack)
             self._loaded.add(pack)
 
-    def _read_idx(self, pack: str) -> Iterator[tuple[str, ChunkRef]]:
+    def _read_idx(self, pack: str) -> None:
+        """Index one pack's chunks (none if it was deleted meanwhile)."""
         path = self.packs / f"{pack}.idx"
         try:
             data = path.read_bytes()
@@ -129,52 +135,115 @@ class CheckpointStore:
         if not data.startswith(IDX_MAGIC) or (len(data) - len(IDX_MAGIC)) % IDX_RECORD.itemsize:
             raise CheckpointStoreError(errno.EIO, f"pack index {path} is damaged")
         records = np.frombuffer(data, dtype=IDX_RECORD, offset=len(IDX_MAGIC))
-        for d, offset, length in records.tolist():  # numpy drops an "S16" digest's trailing zero bytes
-            yield d.ljust(16, b"\0").hex(), ChunkRef(pack, int(offset), int(length))
+        hexed = records["digest"].tobytes().hex()  # all digests at once, 32 hex digits each
+        self._index.add(pack, [hexed[i:i + 32] for i in range(0, len(hexed), 32)], records["offset"],
+                        records["length"])
 
     def has(self, digest_hex: str) -> bool:
         return digest_hex in self._index
 
     def chunk_refs(self) -> dict[str, ChunkRef]:
-        return dict(self._index)
+        return self._index.refs()
+
+    def chunk_ref(self, digest_hex: str) -> ChunkRef | None:
+        return self._index.get(digest_hex)
 
     # -- writing ---------------------------------------------------------------------------------------
     def write_pack(self, chunks: Iterable[tuple[str, memoryview]], *,
                    pace: Callable[[int], None] | None = None) -> tuple[int, int]:
-        """Write the chunks this store lacks into one new pack; returns (chunks, bytes) written."""
+        """Write the chunks this store lacks into one new pack (over a spare when there is one); returns
+        (chunks, bytes) written. A disk that fills up while spares hold space gets them back and is tried again."""
+        lacking = self._lacking(chunks) if isinstance(chunks, list) else chunks
+        had_spares = isinstance(lacking, list) and self.packs.is_dir() and any(self.packs.glob("*.spare"))
+        try:
+            return self._write_pack(lacking, pace)
+        except CheckpointStoreError as exc:
+            if exc.errno not in (errno.ENOSPC, errno.EDQUOT) or not had_spares:
+                raise
+            self.drop_spares()
+            log.warning("checkpoint store %s is full: its spare packs were deleted, writing again", self.root)
+            return self._write_pack(lacking, pace)
+
+    def _write_pack(self, chunks: Iterable[tuple[str, memoryview]],
+                    pace: Callable[[int], None] | None) -> tuple[int, int]:
         self._ensure()
         pack = uuid.uuid4().hex
         pack_path, idx_path = self.packs / f"{pack}.pack", self.packs / f"{pack}.idx"
-        records: list[tuple[bytes, int, int]] = []
-        offset = written = 0
         try:
-            with open(pack_path, "wb", buffering=0) as fh:
-                batch: list[memoryview] = []  # written with one writev: few syscalls, the GIL released once
-                for digest_hex, data in chunks:
-                    if digest_hex in self._index:
-                        continue
-                    batch.append(data)
-                    records.append((bytes.fromhex(digest_hex), offset, len(data)))
-                    self._index[digest_hex] = ChunkRef(pack, offset, len(data))
-                    offset += len(data)
-                    if pace is not None or len(batch) >= WRITEV_MAX or offset - written >= WRITE_BATCH_BYTES:
-                        written = _writev(fh.fileno(), batch, written, pace)
-                _writev(fh.fileno(), batch, written, pace)
-                self._sync(fh)
-            if not records:
-                pack_path.unlink()
+            lacking = self._lacking(chunks)
+            if not lacking:
                 return 0, 0
-            table = np.array(records, dtype=IDX_RECORD)
+            table = np.empty(len(lacking), dtype=IDX_RECORD)
+            table["digest"] = np.frombuffer(bytes.fromhex("".join(d for d, _ in lacking)), dtype="S16")
+            table["length"] = lengths = np.fromiter((len(data) for _, data in lacking), dtype=np.int64,
+                                                    count=len(lacking))
+            table["offset"] = np.cumsum(lengths) - lengths
+            size = int(lengths.sum())
+            fd = self._open_pack(pack_path, size)
+            try:
+                batch: list[memoryview] = []  # written with one writev: few syscalls, the GIL released once
+                written = queued = 0
+                for _, data in lacking:
+                    batch.append(data)
+                    queued += len(data)
+                    if pace is not None or len(batch) >= WRITEV_MAX or queued - written >= WRITE_BATCH_BYTES:
+                        written = _writev(fd, batch, written, pace)
+                _writev(fd, batch, written, pace)
+                if os.fstat(fd).st_size > size:  # a spare longer than this pack
+                    os.ftruncate(fd, size)
+                if self.durable:
+                    os.fsync(fd)
+            finally:
+                os.close(fd)
             self._write_atomic(idx_path, IDX_MAGIC + table.tobytes())
+            self._index.add(pack, [d for d, _ in lacking], table["offset"], table["length"])
             self._loaded.add(pack)
         except OSError as exc:
-            self._index = {d: ref for d, ref in self._index.items() if ref.pack != pack}
             for path in (pack_path, idx_path):
                 with contextlib.suppress(OSError):
                     path.unlink()
             raise CheckpointStoreError(exc.errno or errno.EIO, f"writing {pack_path} failed: "
                                                                f"{exc.strerror or exc}") from exc
-        return len(records), offset
+        return len(lacking), size
+
+    def _lacking(self, chunks: Iterable[tuple[str, memoryview]]) -> list[tuple[str, memoryview]]:
+        """The chunks not in the store, each once."""
+        out: list[tuple[str, memoryview]] = []
+        seen: set[str] = set()
+        for digest_hex, data in chunks:
+            if digest_hex not in self._index and digest_hex not in seen:
+                seen.add(digest_hex)
+                out.append((digest_hex, data))
+        return out
+
+    def _open_pack(self, path: Path, nbytes: int) -> int:
+        """A spare renamed to `path` (the smallest that holds `nbytes`, else the largest), or a new file."""
+        for spare in self._spares_by_fit(nbytes):
+            try:
+                os.rename(spare, path)  # claims it: another writer's rename of the same spare fails
+            except FileNotFoundError:
+                continue
+            return os.open(path, os.O_WRONLY)
+        return os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+
+    def _spares_by_fit(self, nbytes: int) -> list[Path]:
+        sized = []
+        for path in self.packs.glob("*.spare"):
+            with contextlib.suppress(FileNotFoundError):
+                sized.append((path.stat().st_size, path))
+        big = sorted((s, p) for s, p in sized if s >= nbytes)
+        small = sorted(((s, p) for s, p in sized if s < nbytes), reverse=True)
+        return [p for _, p in big + small]
+
+    def drop_spares(self) -> int:
+        """Delete every spare pack (the disk space they hold); returns the bytes given back."""
+        freed = 0
+        for path in self.packs.glob("*.spare"):
+            with contextlib.suppress(FileNotFoundError):
+                size = path.stat().st_size
+                path.unlink()
+                freed += size
+        return freed
 
     def _sync(self, fh: Any) -> None:
         fh.flush()
@@ -262,84 +331,12 @@ class CheckpointStore:
                     out[int(step_dir.name[5:])] = sorted(ranks)
         return out
 
-    # -- garbage collection ----------------------------------------------------------------------------
+    # -- garbage collection (sentinel.sdk.collection) ---------------------------------------------------
     def collect_garbage(self, *, retire: Iterable[tuple[int, int] | tuple[int, int, int | None]] = (),
-                        timeout_seconds: float = 60.0,
-                        rewrite_below: float = 0.5) -> GarbageReport:
-        """Delete the manifests of retired (job, step[, attempt])s, then every chunk no remaining manifest names.
-
-        With an attempt, only manifests written by that attempt or an older one go: a restarted job that
-        saved the step again keeps its own.
-
-        Runs under the exclusive lock, so no save is between checking a chunk and naming it. A pack
-        whose live share fell under `rewrite_below` is rewritten with its live chunks only.
-        """
-        report = GarbageReport()
-        with self.exclusive(timeout_seconds):
-            for job, step, *rest in retire:
-                attempt = rest[0] if rest else None
-                step_dir = self.manifest_path(job, step, 0).parent
-                for path in step_dir.glob("*.json"):
-                    if attempt is not None and _attempt_of(path) > attempt:
-                        continue
-                    path.unlink()
-                    report.manifests_deleted += 1
-                with contextlib.suppress(OSError):
-                    step_dir.rmdir()
-            live = self._live_digests()
-            report.live_chunks = len(live)
-            self.refresh()
-            # a pack whose chunks are all indexed in other packs too (two saves wrote them) has no refs: all dead
-            by_pack: dict[str, list[tuple[str, ChunkRef]]] = {pack: [] for pack in self._loaded}
-            for digest_hex, ref in self._index.items():
-                by_pack.setdefault(ref.pack, []).append((digest_hex, ref))
-            for leftover in [*self.packs.glob(".*.tmp"), *self.manifests.glob("job-*/step-*/.*.tmp")]:
-                leftover.unlink(missing_ok=True)  # a writer killed between writing and renaming
-            for path in self.packs.glob("*.pack"):
-                if path.name[:-5] not in self._loaded:  # torn: its writer died before the index
-                    report.bytes_freed += path.stat().st_size
-                    path.unlink()
-                    report.packs_deleted += 1
-            for pack, refs in by_pack.items():
-                self._sweep_pack(pack, refs, live, rewrite_below, report)
-        return report
-
-    def _live_digests(self) -> set[str]:
-        live: set[str] = set()
-        for path in self.manifests.glob("job-*/step-*/rank-*.json"):
-            try:
-                manifest = json.loads(path.read_bytes())
-                for tensor in manifest["tensors"]:
-                    live.update(tensor["chunks"])
-            except (ValueError, KeyError, TypeError) as exc:  # what it references is unknown: delete nothing
-                raise CheckpointStoreError(errno.EIO, f"manifest {path} is damaged ({exc}); garbage "
-                                                      "collection stopped") from exc
-        return live
-
-    def _sweep_pack(self, pack: str, refs: list[tuple[str, ChunkRef]], live: set[str], rewrite_below: float,
-                    report: GarbageReport) -> None:
-        total = sum(ref.length for _, ref in refs)
-        kept = [(d, ref) for d, ref in refs if d in live]
-        kept_bytes = sum(ref.length for _, ref in kept)
-        if kept and kept_bytes >= rewrite_below * total:
-            return
-        for d, _ in refs:  # dead chunks too: a later save must write them again, not name a deleted pack
-            del self._index[d]
-        if kept:  # copy the live chunks into a new pack before the old one goes
-            self.write_pack((d, self._read_ref(ref)) for d, ref in kept)
-            report.packs_rewritten += 1
-        for suffix in (".idx", ".pack"):
-            with contextlib.suppress(FileNotFoundError):
-                (self.packs / f"{pack}{suffix}").unlink()
-        self._loaded.discard(pack)
-        report.packs_deleted += 1
-        report.bytes_freed += total - kept_bytes
-
-    def _read_ref(self, ref: ChunkRef) -> memoryview:
-        with open(self.packs / f"{ref.pack}.pack", "rb") as fh:
-            fh.seek(ref.offset)
-            return memoryview(fh.read(ref.length))
-
+                        timeout_seconds: float = 60.0, rewrite_below: float = 0.5) -> GarbageReport:
+        """Delete the manifests of retired (job, step[, attempt])s, then every chunk no remaining manifest names
+        (see sentinel.sdk.collection)."""
+        return collect_garbage(self, retire=retire, timeout_seconds=timeout_seconds, rewrite_below=rewrite_below)
 
 def _writev(fd: int, batch: list[memoryview], written: int, pace: Callable[[int], None] | None) -> int:
     """Write the batch (and empty it); returns the bytes written so far."""
@@ -359,13 +356,6 @@ def _writev(fd: int, batch: list[memoryview], written: int, pace: Callable[[int]
         if pace is not None:
             pace(size)
     return written
-
-
-def _attempt_of(manifest: Path) -> int:
-    try:
-        return int(json.loads(manifest.read_bytes()).get("attempt", 0))
-    except (OSError, ValueError, AttributeError):
-        return 0  # unreadable: as old as can be, so it may go
 
 
 class LocalDirStore(CheckpointStore):

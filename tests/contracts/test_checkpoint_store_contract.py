@@ -392,3 +392,44 @@ def test_a_save_in_another_process_holds_off_gc_but_not_other_saves(store: Check
         holder.wait(timeout=30)
     report = type(store)(store.root).collect_garbage(retire=[(1, 1)], timeout_seconds=30)
     assert report.manifests_deleted == 1 and store.steps(1) == {}
+
+
+def test_a_retired_pack_is_kept_as_a_spare_and_the_next_pack_is_written_over_it(store: CheckpointStore):
+    """Recycling: the dead pack's file becomes the next pack (same inode, cut to its size); nothing in it is
+    indexed meanwhile, and what is read back is the new data."""
+    old, kept, new = blob(1, 8000), blob(2, 9000), blob(3, 5000)
+    store.write_pack(pieces(old))
+    store.write_pack(pieces(kept))
+    store.put_manifest(1, 1, 0, manifest(old))
+    store.put_manifest(1, 2, 0, manifest(kept))
+    [old_pack] = [p for p in pack_names(store, ".pack") if store.chunk_ref(digest(old)).pack == p]  # type: ignore[union-attr]
+    inode = (store.packs / f"{old_pack}.pack").stat().st_ino
+    report = store.collect_garbage(retire=[(1, 1)])
+    assert (report.packs_deleted, report.packs_spared, report.bytes_spared) == (1, 1, 8000)
+    assert [p.name for p in store.packs.glob("*.spare")] == [f"{old_pack}.spare"]
+    assert not store.has(digest(old)) and pack_names(store, ".pack") == pack_names(store, ".idx")
+    assert store.write_pack(pieces(new)) == (1, len(new))
+    ref = store.chunk_ref(digest(new))
+    assert ref is not None and ref.pack != old_pack
+    path = store.packs / f"{ref.pack}.pack"
+    assert path.stat().st_ino == inode and path.stat().st_size == len(new)  # the spare, cut to this pack
+    assert not list(store.packs.glob("*.spare"))
+    reader = type(store)(store.root)
+    reader.refresh()
+    assert bytes(reader.read_chunk(digest(new))) == new and bytes(reader.read_chunk(digest(kept))) == kept
+    assert not reader.has(digest(old))
+
+
+def test_spares_stay_within_the_live_bytes_and_can_be_dropped(store: CheckpointStore):
+    small, big = blob(1, 1000), blob(2, 6000)
+    store.write_pack(pieces(big))
+    store.write_pack(pieces(small))
+    store.put_manifest(1, 1, 0, manifest(big))
+    store.put_manifest(1, 2, 0, manifest(small))
+    report = store.collect_garbage(retire=[(1, 1)])
+    assert (report.packs_deleted, report.packs_spared, report.bytes_freed) == (1, 0, 6000)  # 6000 > 1000 live
+    assert not list(store.packs.glob("*.spare"))
+    store.write_pack(pieces(big))
+    store.put_manifest(1, 3, 0, manifest(big))
+    assert store.collect_garbage(retire=[(1, 2)]).packs_spared == 1  # 1000 ≤ 6000 live
+    assert store.drop_spares() == 1000 and not list(store.packs.glob("*.spare"))

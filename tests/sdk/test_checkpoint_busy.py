@@ -1,8 +1,11 @@
 """A save that finds the previous one still writing does not wait for it: it is coalesced or skipped, and its
-result and the manager's counters say which. Real directories, a paced (slow) writer thread."""
+result and the manager's counters say which. The copy of what optimizers own overlaps the next forward and
+backward by default, and a tensor changed in place meanwhile fails that save. Real directories, a paced (slow)
+writer thread."""
 
 from __future__ import annotations
 
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -10,16 +13,20 @@ from typing import Any
 import numpy as np
 import pytest
 
-from sentinel.sdk.checkpoint import CheckpointManager, CorruptCheckpoint
+from sentinel.sdk.checkpoint import CheckpointError, CheckpointManager, CorruptCheckpoint
 
 JOB = 9
 SLOW = 4e6  # bytes/s: an 8 MB state takes about 2 s to write
 
 
-def manager(tmp_path: Path, **kwargs: Any) -> CheckpointManager:
+def manager_options(tmp_path: Path, **kwargs: Any) -> dict[str, Any]:
     options: dict[str, Any] = {"job_id": JOB, "rank": 0, "node": "node-a", "local_dir": str(tmp_path / "{node}"),
                                "catalog": False, "write_bytes_per_second": SLOW, "keep_last": 10}
-    return CheckpointManager(**(options | kwargs))
+    return options | kwargs
+
+
+def manager(tmp_path: Path, **kwargs: Any) -> CheckpointManager:
+    return CheckpointManager(**manager_options(tmp_path, **kwargs))
 
 
 def state(step: int) -> dict[str, Any]:
@@ -119,3 +126,113 @@ def test_a_small_chunked_tensor_is_verified_whole_and_a_bad_row_is_named(tmp_pat
     pack.write_bytes(bytes(data))
     with pytest.raises(CorruptCheckpoint, match=r"'embed.weight' chunk \d+ of \d+ is corrupt"):
         m.restore(1)
+
+
+class SlowStage(CheckpointManager):
+    """Copies on the stage thread take 50 ms each: whatever the loop does right after save() comes first."""
+
+    def _stage(self, name: str, value: Any) -> Any:
+        if threading.current_thread() is not threading.main_thread():
+            time.sleep(0.05)
+        return super()._stage(name, value)
+
+
+def adam(torch: Any) -> tuple[Any, Any]:
+    torch.manual_seed(0)
+    model = torch.nn.Linear(32, 8)
+    optimizer = torch.optim.Adam(model.parameters())
+    model(torch.randn(4, 32)).sum().backward()
+    optimizer.step()  # the manager sees it step: from now on it is guarded
+    return model, optimizer
+
+
+def test_by_default_every_optimizer_that_steps_is_guarded(tmp_path: Path):
+    torch = pytest.importorskip("torch")
+    m = SlowStage(**manager_options(tmp_path, write_bytes_per_second=None))
+    model, optimizer = adam(torch)
+    warm = m.save(0, {"model": model.state_dict(), "optim": optimizer.state_dict()})  # allocates the buffers
+    assert warm is not None and warm.result(timeout=30).outcome == "written"
+    want = {k: v.clone() for k, v in model.state_dict().items()}
+    future = m.save(1, {"model": model.state_dict(), "optim": optimizer.state_dict()})
+    assert future is not None
+    model(torch.randn(4, 32)).sum().backward()
+    optimizer.step()  # waits for the stage thread's copies (the global step hook)
+    result = future.result(timeout=30)
+    assert result.stall_seconds > 0.1, "the step waited for the overlapped copy, and that wait is the stall"
+    m.close()
+    got = m.restore(1)
+    assert got is not None and all(torch.equal(got.state["model"][k], v) for k, v in want.items())
+    assert m.overlap_disabled is None
+
+
+def test_a_guarded_tensor_changed_in_place_before_its_copy_fails_the_save_not_the_checkpoint(tmp_path: Path):
+    torch = pytest.importorskip("torch")
+    m = SlowStage(**manager_options(tmp_path, write_bytes_per_second=None))
+    model, optimizer = adam(torch)
+    future = m.save(1, {"model": model.state_dict(), "optim": optimizer.state_dict()})
+    assert future is not None
+    with torch.no_grad():
+        model.weight.mul_(2)  # not an optimizer step: nothing waits, the copy may mix both states
+    with pytest.raises(CheckpointError, match=r"step 1 .*weight.*changed in place"):
+        future.result(timeout=30)
+    assert m.overlap_disabled is not None and m.errors == 1
+    want = {k: v.clone() for k, v in model.state_dict().items()}
+    second = m.save(2, {"model": model.state_dict(), "optim": optimizer.state_dict()})  # copied before it returns
+    assert second is not None
+    with torch.no_grad():
+        model.weight.mul_(2)
+    assert second.result(timeout=30).outcome == "written"
+    m.close()
+    assert m.local.steps(JOB) == {2: [0]}
+    got = m.restore(2)
+    assert got is not None and all(torch.equal(got.state["model"][k], v) for k, v in want.items())
+
+
+@pytest.mark.parametrize("how", ["argument", "environment"])
+def test_guard_false_copies_everything_before_save_returns(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                          how: str):
+    torch = pytest.importorskip("torch")
+    if how == "environment":
+        monkeypatch.setenv("SENTINEL_CHECKPOINT_GUARD", "0")
+    options = manager_options(tmp_path, write_bytes_per_second=None) | ({"guard": False} if how == "argument" else {})
+    m = SlowStage(**options)
+    model, optimizer = adam(torch)
+    want = {k: v.clone() for k, v in model.state_dict().items()}
+    future = m.save(1, {"model": model.state_dict(), "optim": optimizer.state_dict()})
+    assert future is not None
+    with torch.no_grad():
+        model.weight.mul_(2)  # after save() returned: not in the checkpoint
+    assert future.result(timeout=30).outcome == "written"
+    m.close()
+    got = m.restore(1)
+    assert got is not None and all(torch.equal(got.state["model"][k], v) for k, v in want.items())
+
+
+class SlowManifest(CheckpointManager):
+    """The writer thread starts 0.5 s late: the manifest comes well after save() returned."""
+
+    def _write(self, job: Any) -> Any:
+        time.sleep(0.5)
+        return super()._write(job)
+
+
+def test_a_first_save_writes_its_chunks_at_once_and_keeps_them_from_collection_until_its_manifest(tmp_path: Path):
+    m = SlowManifest(**manager_options(tmp_path, write_bytes_per_second=None))
+    data = state(1)
+    want = data["w"].copy()
+    future = m.save(1, data)  # nothing saved before: written straight to the local tier, no buffer copied
+    assert future is not None
+    data["w"] += 1  # after save() returned: not in the checkpoint
+    assert list(m.local.packs.glob("*.pack")), "its chunks are on disk before save() returned"
+    with pytest.raises(TimeoutError):  # another process's collection would find a pack no manifest names yet
+        type(m.local)(m.local.root).collect_garbage(timeout_seconds=0.2)
+    assert future.result(timeout=30).outcome == "written"
+    assert type(m.local)(m.local.root).collect_garbage().packs_deleted == 0
+    second = m.save(2, data)  # from now on it is copied into a buffer and written by the writer thread
+    assert second is not None
+    data["w"] += 1
+    assert second.result(timeout=30).outcome == "written"
+    m.close()
+    for step, expected in ((1, want), (2, want + 1)):
+        got = m.restore(step)
+        assert got is not None and np.array_equal(got.state["w"], expected)

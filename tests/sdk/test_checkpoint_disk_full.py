@@ -18,6 +18,8 @@ import numpy as np
 import pytest
 
 from sentinel.sdk.checkpoint import CheckpointManager
+from sentinel.sdk.chunks import digest
+from sentinel.sdk.stores import LocalDirStore
 
 DISK = "4m"
 MOUNT_FAILED = 77
@@ -59,15 +61,7 @@ def test_a_full_disk_fails_the_save_clearly_and_keeps_earlier_checkpoints(tmp_pa
     if shutil.which("unshare") is None:
         pytest.skip("needs unshare(1) to mount a small tmpfs in a private namespace")
     disk = tmp_path / "disk"
-    disk.mkdir()
-    script = (f'mount -t tmpfs -o size={DISK} tmpfs "$1" || exit {MOUNT_FAILED}; '
-              'exec "$2" "$3" "$1"')
-    run = subprocess.run(["unshare", "-rm", "sh", "-c", script, "sh", str(disk), sys.executable, __file__],
-                         capture_output=True, text=True, timeout=120)
-    if run.returncode == MOUNT_FAILED or (run.returncode != 0 and run.stderr.startswith("unshare:")):
-        pytest.skip(f"cannot mount a tmpfs in a user namespace here: {run.stderr.strip()}")
-    assert run.returncode == 0, run.stderr
-    result = json.loads(run.stdout.strip().splitlines()[-1])
+    result = run_child(tmp_path)
     assert result["error_type"] == "CheckpointError"
     assert "No space left on device" in result["error"] and "earlier checkpoints are untouched" in result["error"]
     assert "step 2" in result["error"] and str(disk) in result["error"]  # which save, and where
@@ -78,5 +72,46 @@ def test_a_full_disk_fails_the_save_clearly_and_keeps_earlier_checkpoints(tmp_pa
     assert result["restored_step"] == 1 and result["restored_exact"] and result["step_3_exact"]
 
 
+def spares_child(directory: Path) -> dict[str, Any]:
+    """Two spare packs hold the room a new pack needs: the write that fails gets them back and succeeds."""
+    store = LocalDirStore(directory / "store")
+    blobs = [np.random.default_rng(seed).integers(0, 256, size, dtype=np.uint8).tobytes()
+             for seed, size in enumerate((512 << 10, 512 << 10, 1 << 20))]
+    for step, data in enumerate(blobs):
+        store.write_pack([(digest(data), memoryview(data))])
+        store.put_manifest(1, step, 0, json.dumps({"tensors": [{"chunks": [digest(data)]}]}).encode())
+    spared = store.collect_garbage(retire=[(1, 0), (1, 1)]).packs_spared  # 1 MiB of spares, 1 MiB live
+    (directory / "filler").write_bytes(b"\0" * (shutil.disk_usage(directory).free - (300 << 10)))
+    big = np.random.default_rng(9).integers(0, 256, 1200 << 10, dtype=np.uint8).tobytes()  # needs both spares' room
+    written = store.write_pack([(digest(big), memoryview(big))])
+    reader = LocalDirStore(directory / "store")
+    reader.refresh()
+    return {"spared": spared, "written": list(written), "spares_left": len(list(store.packs.glob("*.spare"))),
+            "read_back": bytes(reader.read_chunk(digest(big))) == big}
+
+
+def run_child(tmp_path: Path, *args: str) -> dict[str, Any]:
+    disk = tmp_path / "disk"
+    disk.mkdir()
+    script = (f'mount -t tmpfs -o size={DISK} tmpfs "$1" || exit {MOUNT_FAILED}; '
+              'dir="$1"; python="$2"; module="$3"; shift 3; exec "$python" "$module" "$dir" "$@"')
+    run = subprocess.run(["unshare", "-rm", "sh", "-c", script, "sh", str(disk), sys.executable, __file__, *args],
+                         capture_output=True, text=True, timeout=120)
+    if run.returncode == MOUNT_FAILED or (run.returncode != 0 and run.stderr.startswith("unshare:")):
+        pytest.skip(f"cannot mount a tmpfs in a user namespace here: {run.stderr.strip()}")
+    assert run.returncode == 0, run.stderr
+    return dict(json.loads(run.stdout.strip().splitlines()[-1]))
+
+
+def test_a_full_disk_takes_the_room_of_spare_packs_back(tmp_path: Path):
+    if shutil.which("unshare") is None:
+        pytest.skip("needs unshare(1) to mount a small tmpfs in a private namespace")
+    result = run_child(tmp_path, "spares")
+    assert result == {"spared": 2, "written": [1, 1200 << 10], "spares_left": 0, "read_back": True}
+
+
 if __name__ == "__main__":
-    print(json.dumps(child(Path(sys.argv[1]))))
+    if sys.argv[2:] == ["spares"]:
+        print(json.dumps(spares_child(Path(sys.argv[1]))))
+    else:
+        print(json.dumps(child(Path(sys.argv[1]))))

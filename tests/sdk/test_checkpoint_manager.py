@@ -298,6 +298,8 @@ def test_a_guarded_optimizer_waits_for_the_overlapped_snapshot(tmp_path: Path):
     x = torch.randn(32, 64)
     model(x).sum().backward()
     optimizer.step()
+    warm = m.save(0, {"model": model.state_dict(), "optim": optimizer.state_dict()})  # allocates the buffers
+    assert warm is not None and warm.result().outcome == "written"
     expected = {"model": {k: v.clone() for k, v in model.state_dict().items()},
                 "optim": {i: {k: v.clone() if torch.is_tensor(v) else v for k, v in s.items()}
                           for i, s in optimizer.state_dict()["state"].items()}}
