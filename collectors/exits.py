@@ -119,8 +119,10 @@ class ExitWatcher:
         """The connector's socket (None where refused), and whether the exit filter is attached to it."""
         try:
             sock = socket.socket(socket.AF_NETLINK, socket.SOCK_DGRAM, NETLINK_CONNECTOR)
-            sock.bind((0, CN_IDX_PROC))
+            # the filter before the bind: once bound, the socket takes the events other listeners already
+            # subscribed the node to, and those queued before a filter would reach the listener unfiltered
             filtering = attach_exit_filter(sock, ())  # nothing watched yet
+            sock.bind((0, CN_IDX_PROC))
             op = struct.pack("I", PROC_CN_MCAST_LISTEN)
             cn_msg = struct.pack("IIIIHH", CN_IDX_PROC, CN_VAL_PROC, 0, 0, len(op), 0) + op
             sock.send(struct.pack("IHHII", 16 + len(cn_msg), NLMSG_DONE, 0, 0, os.getpid()) + cn_msg)
