@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from abc import ABC, abstractmethod
 from collections import deque
 from typing import Generic, TypeVar
 
@@ -35,7 +36,10 @@ class Mailbox(Generic[T]):
         return self.items.popleft()
 
 
-class Channel(asyncio.Protocol):
+class Channel(asyncio.Protocol, ABC):
+    """The frames' protocol, shared by both ends; the core's (edge/core.py) and a worker's (edge/worker.py) say
+    what a frame and a lost channel mean to them."""
+
     def __init__(self) -> None:
         self.reader = Reader()
         self.transport: asyncio.Transport | None = None
@@ -45,11 +49,11 @@ class Channel(asyncio.Protocol):
         self._writable.set()
 
     # -- what a side does with its frames ---------------------------------------------------------------
-    def on_frame(self, kind: int, stream: int, payload: bytes) -> None:
-        raise NotImplementedError
+    @abstractmethod
+    def on_frame(self, kind: int, stream: int, payload: bytes) -> None: ...
 
-    def on_lost(self) -> None:
-        raise NotImplementedError
+    @abstractmethod
+    def on_lost(self) -> None: ...
 
     # -- the protocol ---------------------------------------------------------------------------------
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
