@@ -95,10 +95,23 @@ class Launcher:
 
     def _register_tasks(self, started: list[Rank], attempt: int) -> None:
         for r in started:
-            self.client.post(f"/jobs/{self.job_id}/tasks", {"rank": r.rank, "node": r.node,
-                                                             "accelerators": r.accelerators, "pid": r.proc.pid,
-                                                             "attempt": attempt, **self.local.task_fields(r.rank)},
-                             retry_seconds=RETRY_SECONDS)
+            try:
+                self.client.post(f"/jobs/{self.job_id}/tasks", {"rank": r.rank, "node": r.node,
+                                                                 "accelerators": r.accelerators, "pid": r.proc.pid,
+                                                                 "attempt": attempt, **self.local.task_fields(r.rank)},
+                                 retry_seconds=RETRY_SECONDS)
+            except ApiError as exc:
+                if exc.status != 409 or not self._registered(r, attempt):
+                    raise
+                # a leader that committed the task and stopped before it answered: the retry on the next
+                # leader finds this very process registered, which is what was asked
+                log.info("job %s rank %d attempt %d pid %d: already registered (an earlier try was committed)",
+                         self.job_id, r.rank, attempt, r.proc.pid)
+
+    def _registered(self, r: Rank, attempt: int) -> bool:
+        tasks = self.client.get(f"/jobs/{self.job_id}").get("tasks", [])
+        return any(t["rank"] == r.rank and t["attempt"] == attempt and t["node"] == r.node and t["pid"] == r.proc.pid
+                   for t in tasks)
 
     # -- orders ---------------------------------------------------------------------------------------
     def _poll_orders(self) -> None:
