@@ -15,6 +15,7 @@ from fastapi import FastAPI, HTTPException, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ValidationError
+from sqlalchemy.exc import DBAPIError
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 log = logging.getLogger("sentinel.http")
@@ -76,8 +77,25 @@ async def _unhandled(request: Request, exc: Exception) -> JSONResponse:
     return JSONResponse({"detail": "internal error; the server logged it"}, status_code=500)
 
 
+# PostgreSQL's deadlock and serialization failures: the database undid this transaction, whole, so that
+# another could go on; sent again it succeeds. A 503 with Retry-After is what clients already retry.
+RETRYABLE_SQLSTATES = {"40P01": "a deadlock", "40001": "a serialization failure"}
+
+
+async def _database_conflict(request: Request, exc: Exception) -> JSONResponse:
+    assert isinstance(exc, DBAPIError)
+    what = RETRYABLE_SQLSTATES.get(str(getattr(exc.orig, "sqlstate", "") or ""))
+    if what is None:
+        return await _unhandled(request, exc)
+    log.warning("database undid a request: %s %s (%s with another write); nothing of it was kept, the client "
+                "is asked to send it again", request.method, request.url.path, what)
+    return JSONResponse({"detail": f"the database undid this request ({what} with another write) and kept nothing "
+                                   "of it: send it again"}, status_code=503, headers={"retry-after": "1"})
+
+
 def install(app: FastAPI) -> None:
     app.add_exception_handler(RequestValidationError, _request_validation)
+    app.add_exception_handler(DBAPIError, _database_conflict)
     app.add_exception_handler(Exception, _unhandled)
     app.add_middleware(RefuseNul)
     build_schema = app.openapi

@@ -96,7 +96,7 @@ def register_task(job_id: IdPath, spec: TaskCreate, sessions: Sessions, live: Li
                   who: Annotated[Principal, Depends(allow(LAUNCH))]) -> TaskOut:
     try:
         with transaction(sessions) as session:
-            job = service.get_job(session, job_id)
+            job = service.get_job(session, job_id, lock=True)
             task = service.register_task(session, job, spec, actor=who.actor)
     except service.JobNotFound as exc:
         raise not_found(exc) from exc

@@ -65,8 +65,11 @@ def finish_job(session: Session, job: Job, state: str, reason: str, *, actor: st
     return True
 
 
-def get_job(session: Session, job_id: int) -> Job:
-    job = session.get(Job, job_id)
+def get_job(session: Session, job_id: int, *, lock: bool = False) -> Job:
+    """`lock`: the job's row is held to the end of the transaction (PostgreSQL; SQLite writes one at a time).
+    A write that changes a job's tasks takes its job first: writers that took a task row first and the job
+    second crossed each other (a task registration and the ingest of two ranks' exits: a deadlock, a 500)."""
+    job = session.scalar(select(Job).where(Job.id == job_id).with_for_update()) if lock else session.get(Job, job_id)
     if job is None:
         raise JobNotFound(f"job {job_id} does not exist")
     return job
@@ -195,7 +198,7 @@ def record_task_exit(session: Session, *, node_id: int, job_id: int | None, rank
     task = session.scalars(query.order_by(Task.attempt.desc())).first()
     if task is None:
         return None
-    job = session.get(Job, task.job_id)
+    job = session.scalar(select(Job).where(Job.id == task.job_id).with_for_update())  # the job first: get_job
     # a job its launcher stopped on purpose: its ranks' exits (SIGTERM, SIGKILL after the grace) are no failure
     ended = job is not None and job.state in FINISHED_STATES
     serving = job is not None and job.kind == "serving"
