@@ -11,8 +11,11 @@ batching: one replica behind the router, in this process; the load is 2 requests
 middle third. Each fixed limit of `--limits` runs once, then the controller (sentinel/serving/batching.py, fed
 the replica's SDK sums each second as the server would be, ticking as often as the server's default
 `batching_interval_seconds`) `--rounds` times, starting from the smallest limit: it must find its way itself.
-Baseline in the same run: the best fixed limit (highest SLO attainment during the spike, then throughput). The
-figures are the controller's median (and range) spike attainment and throughput outside the spike against that limit's.
+Baseline in the same run: the best fixed limit (highest SLO attainment during the spike, then throughput, on the
+first round's arrivals), run again on each further round's arrivals: the load is Poisson with seed 7 + round, so
+the rounds see different bursts (one seed for all would repeat one burst pattern and its result). The figures
+are the controller's median (and range) spike attainment, and its throughput outside the spike against the best
+fixed limit's on the same arrivals.
 
 failover, detection: `sentinel demo --serving`'s whole stack per round (a server on SQLite, two agents, the
 launcher with the router and two replicas, the client load): replica r1 freezes mid-stream (`freeze`) or
@@ -54,6 +57,7 @@ from sentinel.telemetry.serving import ServingStats  # noqa: E402
 TTFT, TPOT = 0.5, 0.05
 TICK = max(1, round(Settings().batching_interval_seconds))  # the controller's turn, as the server's default
 NORMAL_RATE = 2.0
+SEED = 7  # the load's arrivals (Poisson): round r of the controller runs seed 7 + r
 
 
 def within(a: Answer) -> bool:
@@ -62,7 +66,7 @@ def within(a: Answer) -> bool:
     return a.tokens <= 1 or (a.seconds - a.ttft) / (a.tokens - 1) <= TPOT
 
 
-def one_run(limit: int, adaptive: bool, phase: float) -> dict[str, Any]:
+def one_run(limit: int, adaptive: bool, phase: float, seed: int = 7) -> dict[str, Any]:
     requests = Requests(replica="r0")
     engine = Engine(max_batch=limit, requests=requests)
     httpd = serve(engine, "127.0.0.1", 0)
@@ -90,7 +94,7 @@ def one_run(limit: int, adaptive: bool, phase: float) -> dict[str, Any]:
                 controller.tick(time.time())
 
     threading.Thread(target=feed, daemon=True).start()
-    client = Load("127.0.0.1", router.httpd.server_address[1], rate=NORMAL_RATE, max_tokens=48)
+    client = Load("127.0.0.1", router.httpd.server_address[1], rate=NORMAL_RATE, max_tokens=48, seed=seed)
     start = time.time()
     client.start()
     time.sleep(phase)
@@ -108,7 +112,7 @@ def one_run(limit: int, adaptive: bool, phase: float) -> dict[str, Any]:
     httpd.server_close()
     outside = client.between(start, spike) + client.between(calm, end)
     during = client.between(spike, calm)
-    return {"limit": limit, "adaptive": adaptive,
+    return {"limit": limit, "adaptive": adaptive, "seed": seed,
             "spike_attainment": sum(map(within, during)) / max(len(during), 1), "spike_requests": len(during),
             "outside_attainment": sum(map(within, outside)) / max(len(outside), 1),
             "outside_throughput": sum(a.ok for a in outside) / (2 * phase),
@@ -125,17 +129,23 @@ def batching(args: argparse.Namespace) -> None:
         runs.append(one_run(limit, False, args.phase_seconds))
         say(row(runs[-1]))
     fixed = list(runs)
-    mine = []
-    for _ in range(args.rounds):
-        mine.append(one_run(limits[0], True, args.phase_seconds))
-        say(row(mine[-1]))
     best = max(fixed, key=lambda r: (r["spike_attainment"], r["outside_throughput"]))
+    mine, baseline = [], {SEED: best}
+    for round_ in range(args.rounds):  # each round its own arrivals; the best fixed limit on the same arrivals
+        seed = SEED + round_
+        if seed not in baseline:
+            baseline[seed] = one_run(best["limit"], False, args.phase_seconds, seed)
+            say(row(baseline[seed]))
+        mine.append(one_run(limits[0], True, args.phase_seconds, seed))
+        say(row(mine[-1]))
     spike = [r["spike_attainment"] for r in mine]
-    ratio = [r["outside_throughput"] / max(best["outside_throughput"], 1e-9) for r in mine]
+    ratio = [r["outside_throughput"] / max(baseline[r["seed"]]["outside_throughput"], 1e-9) for r in mine]
     median, ratio_median = statistics.median(spike), statistics.median(ratio)
-    say(f"best fixed limit: {best['limit']} (spike attainment {best['spike_attainment']:.3f})")
+    fixed_spike = [baseline[r["seed"]]["spike_attainment"] for r in mine]
+    say(f"best fixed limit: {best['limit']} (spike attainment {best['spike_attainment']:.3f} on seed {SEED}; on the "
+        f"rounds' arrivals {', '.join(f'{x:.3f}' for x in fixed_spike)})")
     say(f"controller (from {limits[0]}) vs best fixed, {len(mine)} run(s): spike attainment median {median:.3f} "
-        f"(range {min(spike):.3f}–{max(spike):.3f}) vs {best['spike_attainment']:.3f} (target >= 0.99: "
+        f"(range {min(spike):.3f}–{max(spike):.3f}) vs {statistics.median(fixed_spike):.3f} (target >= 0.99: "
         f"{'met' if median >= 0.99 else 'MISSED'}); throughput outside the spike median {ratio_median:.3f}x (range "
         f"{min(ratio):.3f}–{max(ratio):.3f}; target >= 0.95: {'met' if ratio_median >= 0.95 else 'MISSED'})")
 
@@ -143,6 +153,7 @@ def batching(args: argparse.Namespace) -> None:
 def row(r: dict[str, Any]) -> str:
     who = f"controller from {r['limit']} (ended at {r['final_limit']}, {r['changes']} changes)" if r["adaptive"] \
         else f"fixed limit {r['limit']}"
+    who += f", seed {r['seed']}"
     steps = ", ".join(f"{after} at {at:+.0f} s" for at, after in r["steps"])
     return (f"  {who:48} spike: {r['spike_attainment']:.3f} within SLO of {r['spike_requests']}; outside: "
             f"{r['outside_attainment']:.3f} within, {r['outside_throughput']:.2f} ok/s"
