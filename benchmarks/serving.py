@@ -17,6 +17,13 @@ the rounds see different bursts (one seed for all would repeat one burst pattern
 are the controller's median (and range) spike attainment, and its throughput outside the spike against the best
 fixed limit's on the same arrivals.
 
+Who holds the limit (`--held-by`): by default the router, as for vLLM (the engine takes none and reports none;
+the launcher says the router's limit and queue): the fixed limits are the router's limit alone, the
+controller's runs add what `sentinel launch --serve --slo` adds, admission past the limit for a request that
+has waited half its TTFT target while the replica's tokens have room under the TPOT target
+(sentinel/serving/router.py). `--held-by engine`: the engine limits itself and the controller alone acts (on
+6 December: median 0.960, range 0.932-1.000, one step behind bursts shorter than its loop).
+
 failover, detection: `sentinel demo --serving`'s whole stack per round (a server on SQLite, two agents, the
 launcher with the router and two replicas, the client load): replica r1 freezes mid-stream (`freeze`) or
 answers 200 with no token (`empty`); fault → incident open, fault → the replacement serving (the order's
@@ -66,19 +73,26 @@ def within(a: Answer) -> bool:
     return a.tokens <= 1 or (a.seconds - a.ttft) / (a.tokens - 1) <= TPOT
 
 
-def one_run(limit: int, adaptive: bool, phase: float, seed: int = 7) -> dict[str, Any]:
+def one_run(limit: int, adaptive: bool, phase: float, seed: int = 7, held_by: str = "router") -> dict[str, Any]:
     requests = Requests(replica="r0")
-    engine = Engine(max_batch=limit, requests=requests)
+    by_router = held_by == "router"
+    # held by the router: the engine takes no limit (as vLLM) and the router holds it, with the SLO for the
+    # controller's runs (admission past the limit near the TTFT target); held by the engine: it limits itself
+    engine = Engine(max_batch=4096 if by_router else limit, requests=requests, takes_limit=not by_router)
     httpd = serve(engine, "127.0.0.1", 0)
-    router = Router(queue_seconds=60.0, read_seconds=30.0)  # the engine limits itself and reports its queue
+    router = Router(queue_seconds=60.0, read_seconds=30.0, limit=limit if by_router else None,
+                    slo=(TTFT, TPOT) if by_router and adaptive else None)
     router.wait_ready(router.add("r0", int(httpd.server_address[1])), timeout=5)
     view = ServingView(window_seconds=60.0)
     view.set_slo(1, Slo(TTFT, TPOT))
     changes: list[tuple[float, int, int]] = []
 
     def apply(job_id: int, params: dict[str, int], reason: str) -> str:  # as the launcher does for this engine
-        with engine.wake:
-            engine.max_batch = params["batch_limit"]
+        if by_router:
+            router.set_limit(params["batch_limit"])
+        else:
+            with engine.wake:
+                engine.max_batch = params["batch_limit"]
         changes.append((time.time(), limit if not changes else changes[-1][2], params["batch_limit"]))
         return "applied"
 
@@ -89,6 +103,9 @@ def one_run(limit: int, adaptive: bool, phase: float, seed: int = 7) -> dict[str
         ticks = 0
         while not stop.wait(1.0):
             view.add("bench", 1, 0, ServingStats(**requests.take()), time.time())
+            with router.cond:  # what the launcher says of its router (sentinel/launcher/router_queue.py)
+                waiting, held = router.waiting, router.limit
+            view.set_router_waiting(1, waiting, time.time(), limit=held)
             ticks += 1
             if adaptive and ticks % TICK == 0:
                 controller.tick(time.time())
@@ -112,7 +129,8 @@ def one_run(limit: int, adaptive: bool, phase: float, seed: int = 7) -> dict[str
     httpd.server_close()
     outside = client.between(start, spike) + client.between(calm, end)
     during = client.between(spike, calm)
-    return {"limit": limit, "adaptive": adaptive, "seed": seed,
+    rushed = router.snapshot()["counts"]["rushed"]
+    return {"limit": limit, "adaptive": adaptive, "seed": seed, "rushed": rushed,
             "spike_attainment": sum(map(within, during)) / max(len(during), 1), "spike_requests": len(during),
             "outside_attainment": sum(map(within, outside)) / max(len(outside), 1),
             "outside_throughput": sum(a.ok for a in outside) / (2 * phase),
@@ -123,10 +141,10 @@ def one_run(limit: int, adaptive: bool, phase: float, seed: int = 7) -> dict[str
 def batching(args: argparse.Namespace) -> None:
     limits = sorted(int(x) for x in args.limits.split(","))
     say(f"batching: one replica, {NORMAL_RATE:g} req/s, 3x for {args.phase_seconds:g} s in the middle; SLO TTFT "
-        f"{TTFT * 1000:.0f} ms, TPOT {TPOT * 1000:.0f} ms; load {load()}")
+        f"{TTFT * 1000:.0f} ms, TPOT {TPOT * 1000:.0f} ms; the limit held by the {args.held_by}; load {load()}")
     runs = []
     for limit in limits:
-        runs.append(one_run(limit, False, args.phase_seconds))
+        runs.append(one_run(limit, False, args.phase_seconds, SEED, args.held_by))
         say(row(runs[-1]))
     fixed = list(runs)
     best = max(fixed, key=lambda r: (r["spike_attainment"], r["outside_throughput"]))
@@ -134,9 +152,9 @@ def batching(args: argparse.Namespace) -> None:
     for round_ in range(args.rounds):  # each round its own arrivals; the best fixed limit on the same arrivals
         seed = SEED + round_
         if seed not in baseline:
-            baseline[seed] = one_run(best["limit"], False, args.phase_seconds, seed)
+            baseline[seed] = one_run(best["limit"], False, args.phase_seconds, seed, args.held_by)
             say(row(baseline[seed]))
-        mine.append(one_run(limits[0], True, args.phase_seconds, seed))
+        mine.append(one_run(limits[0], True, args.phase_seconds, seed, args.held_by))
         say(row(mine[-1]))
     spike = [r["spike_attainment"] for r in mine]
     ratio = [r["outside_throughput"] / max(baseline[r["seed"]]["outside_throughput"], 1e-9) for r in mine]
@@ -157,7 +175,8 @@ def row(r: dict[str, Any]) -> str:
     steps = ", ".join(f"{after} at {at:+.0f} s" for at, after in r["steps"])
     return (f"  {who:48} spike: {r['spike_attainment']:.3f} within SLO of {r['spike_requests']}; outside: "
             f"{r['outside_attainment']:.3f} within, {r['outside_throughput']:.2f} ok/s"
-            + (f"; limit {steps} (from the spike's start)" if steps else ""))
+            + (f"; limit {steps} (from the spike's start)" if steps else "")
+            + (f"; {r['rushed']} admitted past the limit" if r["rushed"] else ""))
 
 
 def failover(args: argparse.Namespace) -> None:
@@ -198,6 +217,9 @@ def main() -> int:
     parser.add_argument("--limits", default="4,8,16,64", help="the fixed batch limits to run (the controller "
                         "starts from the smallest)")
     parser.add_argument("--phase-seconds", type=float, default=20.0)
+    parser.add_argument("--held-by", choices=["router", "engine"], default="router",
+                        help="batching: who holds the batch limit (router: as for vLLM, with admission past it near "
+                             "the TTFT target in the controller's runs; engine: the engine limits itself)")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--faults", default="freeze,empty")
     parser.add_argument("--stall-seconds", type=float, default=None)

@@ -170,8 +170,8 @@ def cmd_launch(args: argparse.Namespace) -> int:
         from sentinel.serving.router import Router
 
         host, _, port = args.serve.rpartition(":")
-        executor = partial(ServingProcesses, router=Router(host or "127.0.0.1", int(port), limit=args.batch_limit),
-                           engine=args.engine)
+        router = Router(host or "127.0.0.1", int(port), limit=args.batch_limit, slo=args.slo)  # slo: rush admission
+        executor = partial(ServingProcesses, router=router, engine=args.engine)
     slo = dict(zip(("ttft_seconds", "tpot_seconds"), args.slo, strict=True)) if args.slo else None
     launcher = Launcher(_client(args), name=args.job, nproc=args.nproc, argv=argv, kind=args.kind,
                         nodes=args.node or [], warm=not args.cold, preload=args.preload, executor=executor,

@@ -49,8 +49,10 @@ class Sequence:
 class Engine:
     def __init__(self, *, max_batch: int = 32, step_seconds: float = 0.01, per_request_seconds: float = 0.002,
                  prefill_seconds_per_token: float = 0.0002, fault_file: str | None = None, requests: Any = None,
-                 ft: FaultTolerance | None = None):
+                 ft: FaultTolerance | None = None, takes_limit: bool = True):
         self.max_batch = max_batch
+        # False: as vLLM, no `POST /sentinel/batch_limit` and no limit reported (a router holds it to one)
+        self.takes_limit = takes_limit
         self.step_seconds, self.per_request_seconds = step_seconds, per_request_seconds
         self.prefill_seconds_per_token = prefill_seconds_per_token
         self.fault_file = fault_file
@@ -135,7 +137,8 @@ class Engine:
 
     def _gauges(self) -> None:
         if self.requests is not None:
-            self.requests.set_state(running=len(self.running), waiting=len(self.waiting), batch_limit=self.max_batch,
+            self.requests.set_state(running=len(self.running), waiting=len(self.waiting),
+                                    batch_limit=self.max_batch if self.takes_limit else None,
                                     kv_cache_usage_ratio=min(1.0, len(self.running) / self.max_batch))
 
 
@@ -167,7 +170,7 @@ class Handler(BaseHTTPRequestHandler):
                 body = None
             self._json(*self.engine.ft.apply(body, self.engine._set_limit))
             return
-        if self.path == "/sentinel/batch_limit":  # the batching controller's adjust order, through the launcher
+        if self.path == "/sentinel/batch_limit" and self.engine.takes_limit:  # an adjust order, via the launcher
             try:
                 limit = int(json.loads(self.rfile.read(int(self.headers.get("content-length") or 0)))["limit"])
             except (ValueError, KeyError, TypeError) as exc:
@@ -259,6 +262,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--per-request-seconds", type=float, default=0.002)
     p.add_argument("--prefill-seconds-per-token", type=float, default=0.0002)
     p.add_argument("--fault-file", default=os.environ.get("ENGINE_FAULT_FILE"))
+    p.add_argument("--no-batch-limit-api", action="store_true",
+                   help="take no batch limit from outside and report none, as vLLM (the router holds it to one)")
     p.add_argument("--replica", default=os.environ.get("SENTINEL_REPLICA"))
     p.add_argument("--stage", default=os.environ.get("SENTINEL_STAGE", "mixed"))
     p.add_argument("--no-telemetry", action="store_true", help="no SDK (no Sentinel agent to report to)")
@@ -277,7 +282,8 @@ def main(argv: list[str] | None = None) -> int:
                     per_request_seconds=args.per_request_seconds,
                     prefill_seconds_per_token=args.prefill_seconds_per_token, fault_file=fault_file,
                     requests=requests, ft=FaultTolerance(enabled=args.enable_fault_tolerance,
-                                                          rank=int(os.environ.get("RANK", "0"))))
+                                                          rank=int(os.environ.get("RANK", "0"))),
+                    takes_limit=not args.no_batch_limit_api)
     httpd = serve(engine, args.host, args.port)
     print(f"engine serving on http://{args.host}:{httpd.server_address[1]} (max batch {args.max_batch})", flush=True)
     threading.Event().wait()

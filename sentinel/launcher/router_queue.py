@@ -2,9 +2,12 @@
 admission (sentinel/serving/router.py), which an engine held to its batch limit by the router (vLLM takes none)
 never counts in its own `waiting`.
 
-Said at each change (checked every `interval_seconds`), and every `heartbeat_seconds` while there is a queue, so
-the server (`PUT /jobs/{id}/serving/router`; sentinel/serving/signals.py:ServingView.set_router_waiting) knows a
-queue it has not heard of for ROUTER_STALE_SECONDS is gone with its launcher. A server that is away is asked
+With it goes the limit the router holds its replicas to, where it holds one: the batching controller starts from
+it for replicas that report no limit of their own (vLLM).
+
+Said at each change (checked every `interval_seconds`), and every `heartbeat_seconds` while there is a queue or
+a limit, so the server (`PUT /jobs/{id}/serving/router`; sentinel/serving/signals.py:ServingView.set_router_waiting)
+knows a queue it has not heard of for ROUTER_STALE_SECONDS is gone with its launcher. A server that is away is asked
 again at the next check; nothing here stops the router or the launcher.
 """
 
@@ -34,7 +37,7 @@ class RouterQueueReporter:
                  clock: Callable[[], float] = time.monotonic) -> None:
         self.router, self.client, self.job_id = router, client, job_id
         self.interval_seconds, self.heartbeat_seconds, self.clock = interval_seconds, heartbeat_seconds, clock
-        self.said: int | None = None  # what the server last heard (None: nothing yet)
+        self.said: tuple[int, int | None] | None = None  # (waiting, limit) as the server last heard (None: nothing)
         self.said_at = 0.0
         self.failures = 0
         self._failing = False
@@ -47,15 +50,17 @@ class RouterQueueReporter:
         if not job_id:  # the job is not registered yet
             return False
         with self.router.cond:
-            waiting = self.router.waiting
+            waiting, limit = self.router.waiting, self.router.limit
         now = self.clock()
-        if waiting == self.said and not (waiting and now - self.said_at >= self.heartbeat_seconds):
+        due = (waiting or limit is not None) and now - self.said_at >= self.heartbeat_seconds
+        if (waiting, limit) == self.said and not due:
             return False
-        if self.said is None and waiting == 0:  # the server counts no queue it never heard of
-            self.said, self.said_at = 0, now
+        if self.said is None and waiting == 0 and limit is None:  # the server counts no queue it never heard of
+            self.said, self.said_at = (0, None), now
             return False
         try:
-            self.client.request("PUT", f"/jobs/{job_id}/serving/router", json={"waiting": waiting})
+            self.client.request("PUT", f"/jobs/{job_id}/serving/router",
+                                json={"waiting": waiting, **({} if limit is None else {"limit": limit})})
         except Exception as exc:  # away, a standby, refused: asked again at the next check
             self.failures += 1
             if not self._failing:  # once until it works again: a check runs twice a second
@@ -63,7 +68,7 @@ class RouterQueueReporter:
                             "error=%s", job_id, waiting, exc)
             self._failing = True
             return False
-        self.said, self.said_at, self._failing = waiting, now, False
+        self.said, self.said_at, self._failing = (waiting, limit), now, False
         return True
 
     def _run(self) -> None:

@@ -36,7 +36,7 @@ def router_queue(job_id: IdPath, body: RouterQueue, sessions: Sessions, live: Li
     with sessions() as session:
         if session.get(Job, job_id) is None:
             raise HTTPException(404, f"job {job_id} not found")
-    live.serving.set_router_waiting(job_id, body.waiting, clock.time())
+    live.serving.set_router_waiting(job_id, body.waiting, clock.time(), limit=body.limit)
     return body
 
 

@@ -17,7 +17,8 @@ reach the window first), and after a cut no raise either (hysteresis); a raise m
 tick, since a queue still there says at once that it was not enough; a job with fewer than `min_requests`
 finished in the window is left alone; `dry_run` says what it would do and issues nothing. A change goes out
 as an `adjust` order (`{"batch_limit": N}`) that the job's launcher applies (sentinel/launcher/replicas.py);
-the starting limit is the one its replicas report.
+the starting limit is the one its replicas report, or, for replicas the router holds to a limit (vLLM takes
+none itself), the router's, which the launcher says with its queue (sentinel/launcher/router_queue.py).
 """
 
 from __future__ import annotations
@@ -83,7 +84,8 @@ class BatchingController:
             return None
         cooling = now - self.changed_at.get(job_id, -math.inf) < g.cooldown_seconds
         replicas = [r for r in self.view.replicas(job_id, now) if now - r.last_seen <= 3 * g.window_seconds]
-        current = self.current.get(job_id) or max((r.batch_limit or 0 for r in replicas), default=0)
+        current = (self.current.get(job_id) or max((r.batch_limit or 0 for r in replicas), default=0)
+                   or self.view.router_limit(job_id, now) or 0)  # replicas the router holds (vLLM) say none
         stats = self.view.window(job_id, None, now, seconds=g.window_seconds)
         if not current or stats.requests < g.min_requests:
             return None

@@ -6,7 +6,14 @@ replicas). It forwards `/v1/*` to the ready replica with the fewest requests in 
 (the batching controller's admission limit, for replicas that cannot take one themselves; excess requests
 wait, at most `queue_seconds`). Those that wait are the router's queue (`waiting`): an engine whose admission
 the router holds reports none of them, so the launcher reports it for the job (sentinel/launcher/router_queue.py)
-and the batching controller adds it to the engines' own queues. What happens to a
+and the batching controller adds it to the engines' own queues.
+
+With the job's SLO (`slo`: TTFT and TPOT targets), a request that has waited half its TTFT target is admitted
+past the limit (`rushed`) to a replica whose tokens come fast enough that one more request keeps them within
+the TPOT target (the gap between two tokens of a stream there, smoothed, taken to grow in proportion to the
+requests in flight), at most `burst` × the limit. The batching controller decides on reports, seconds apart:
+a burst that fills the limit and drains between two of its turns is over before it is seen, and only the
+router sees the wait as it happens. What happens to a
 request whose replica fails:
 - nothing sent to the client yet (refused, reset, HTTP 5xx such as vLLM's EngineDeadError, or a whole answer
   not yet complete): sent again to another replica, counted `retried`;
@@ -22,6 +29,7 @@ from __future__ import annotations
 import http.client
 import json
 import logging
+import math
 import sys
 import threading
 import time
@@ -31,6 +39,7 @@ from typing import Any
 
 log = logging.getLogger("sentinel.serving.router")
 
+GAP_WEIGHT = 0.1  # of each new gap in the smoothed one: a replica's step time follows its batch within ~10 tokens
 HOP = frozenset({"connection", "keep-alive", "transfer-encoding", "content-length", "te", "trailer", "upgrade"})
 MAX_BODY_BYTES = 4 << 20
 
@@ -47,6 +56,7 @@ class Backend:
     failed: int = 0  # requests that failed here, whatever became of them next (retried, resumed or failed)
     last_byte_at: float = 0.0  # monotonic: when an answer's bytes last came from it
     limit: int | None = None  # requests in flight at once; None where the replica limits itself
+    gap: float | None = None  # seconds between two tokens of a stream here, smoothed: the TPOT it gives now
     added_at: float = field(default_factory=time.monotonic)
 
 
@@ -84,13 +94,14 @@ class Broken(Exception):
 class Router:
     def __init__(self, host: str = "127.0.0.1", port: int = 0, *, limit: int | None = None,
                  queue_seconds: float = 30.0, attempts: int = 3, connect_seconds: float = 2.0,
-                 read_seconds: float = 30.0) -> None:
+                 read_seconds: float = 30.0, slo: tuple[float, float] | None = None, burst: float = 2.0) -> None:
         self.limit = limit
+        self.slo, self.burst = slo, burst  # (TTFT, TPOT) targets in seconds: admission past the limit (above)
         self.queue_seconds, self.attempts = queue_seconds, attempts
         self.connect_seconds, self.read_seconds = connect_seconds, read_seconds
         self.backends: dict[str, Backend] = {}
         self.counts = {"requests": 0, "ok": 0, "retried": 0, "resumed": 0, "failed": 0, "rejected": 0,
-                       "cancelled": 0}
+                       "cancelled": 0, "rushed": 0}
         self.waiting = 0  # requests held because every ready replica is at its limit (not those with none ready)
         self.cond = threading.Condition()
         handler = type("RouterHandler", (_Handler,), {"router": self})
@@ -166,13 +177,17 @@ class Router:
         with self.cond:
             return {"counts": dict(self.counts), "limit": self.limit, "waiting": self.waiting, "replicas": {
                 b.name: {"ready": b.ready, "draining": b.draining, "in_flight": b.in_flight, "served": b.served,
-                         "failed": b.failed, "port": b.port, "limit": b.limit} for b in self.backends.values()}}
+                         "failed": b.failed, "port": b.port, "limit": b.limit, "gap": b.gap}
+                for b in self.backends.values()}}
 
     # -- routing --------------------------------------------------------------------------------------
     def acquire(self, avoid: set[str]) -> Backend | None:
         """The ready replica with the fewest in flight and room under the limit; waits for one. While it waits
-        with ready replicas all at their limit, the request counts in `waiting`."""
-        deadline = time.monotonic() + self.queue_seconds
+        with ready replicas all at their limit, the request counts in `waiting`; with an SLO, once it has waited
+        half the TTFT target it may go past the limit (`_rush_room`)."""
+        start = time.monotonic()
+        deadline = start + self.queue_seconds
+        rush_at = start + self.slo[0] / 2 if self.slo else math.inf
         held = False
         with self.cond:
             try:
@@ -180,20 +195,38 @@ class Router:
                     usable = [b for b in self.backends.values() if b.ready and not b.draining]
                     fresh = [b for b in usable if b.name not in avoid] or usable
                     room = [b for b in fresh if b.limit is None or b.in_flight < b.limit]
+                    now = time.monotonic()
+                    rushed = not room and now >= rush_at
+                    if rushed:
+                        room = [b for b in fresh if self._rush_room(b)]
                     if room:
                         chosen = min(room, key=lambda b: (b.in_flight, b.added_at))
                         chosen.in_flight += 1
+                        if rushed:
+                            self.counts["rushed"] += 1
                         return chosen
-                    left = deadline - time.monotonic()
+                    left = deadline - now
                     if left <= 0:
                         return None
                     if held != bool(fresh):  # held by the limit, or (no replica ready) not
                         held = bool(fresh)
                         self.waiting += 1 if held else -1
-                    self.cond.wait(min(left, 0.5))
+                    self.cond.wait(min(left, 0.5, rush_at - now if now < rush_at else 0.5))
             finally:
                 if held:
                     self.waiting -= 1
+
+    def _rush_room(self, b: Backend) -> bool:
+        """Whether `b` takes one request past its limit: its tokens' gap, grown in proportion to one more in
+        flight, stays within the TPOT target, and it is under `burst` × its limit. No gap measured: no."""
+        if self.slo is None or b.limit is None or b.gap is None or not b.in_flight:
+            return False
+        return b.in_flight < math.ceil(self.burst * b.limit) and b.gap * (b.in_flight + 1) / b.in_flight <= self.slo[1]
+
+    def token(self, backend: Backend, gap: float) -> None:
+        """A stream on `backend` got a token `gap` seconds after its previous one."""
+        with self.cond:
+            backend.gap = gap if backend.gap is None else backend.gap + GAP_WEIGHT * (gap - backend.gap)
 
     def release(self, backend: Backend, ok: bool) -> None:
         with self.cond:
@@ -320,6 +353,7 @@ class _Handler(BaseHTTPRequestHandler):
         another replica, unless this is the last try. A resumed stream's events follow the ones sent."""
         held: list[bytes] = []
         speaking = state["tokens"] > 0  # a resume: the client has its stream already
+        token_at: float | None = None  # this replica's previous token of the stream
         while True:
             try:
                 line = response.readline(1 << 20)
@@ -330,8 +364,11 @@ class _Handler(BaseHTTPRequestHandler):
             backend.last_byte_at = time.monotonic()
             data = line.strip()
             done = data == b"data: [DONE]"
-            if data.startswith(b"data:") and not done:
-                speaking = self._note(data, state) or speaking
+            if data.startswith(b"data:") and not done and self._note(data, state):
+                speaking = True
+                if token_at is not None:
+                    self.router.token(backend, backend.last_byte_at - token_at)
+                token_at = backend.last_byte_at
             if not speaking and not done:
                 held.append(line)
                 continue

@@ -28,6 +28,7 @@ class RouterQueue(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     waiting: Annotated[int, Field(ge=0, le=1_000_000)]
+    limit: Annotated[int, Field(ge=1, le=1_000_000)] | None = None  # what the router holds each replica to
 
 
 class ServingAttributes(BaseModel):

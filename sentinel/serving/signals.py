@@ -118,7 +118,7 @@ class ServingView:
         self._totals: dict[int, tuple[dict[str, int], dict[str, int]]] = {}  # job → ({"": requests}, failed)
         # job → (replica, pid) another replica took the rank of: a replacement may take the same name, not the process
         self._retired: dict[int, set[tuple[str, int]]] = {}
-        self._router: dict[int, tuple[float, int]] = {}  # job → (when, requests waiting in its router)
+        self._router: dict[int, tuple[float, int, int | None]] = {}  # job → (when, waiting in its router, its limit)
         self._lock = threading.Lock()
 
     def load(self, jobs: Iterable[tuple[int, dict[str, Any]]]) -> None:
@@ -204,16 +204,22 @@ class ServingView:
                     return max(r.running or 0, 1 if r.oldest_inflight_seconds else 0)
         return 0
 
-    def set_router_waiting(self, job_id: int, waiting: int, now: float) -> None:
-        """The job's router holds `waiting` requests for admission (its launcher says so, each time it changes
-        and every few seconds)."""
+    def set_router_waiting(self, job_id: int, waiting: int, now: float, limit: int | None = None) -> None:
+        """The job's router holds `waiting` requests for admission, and its replicas to `limit` where it holds
+        them to one (its launcher says so, each time it changes and every few seconds)."""
         with self._lock:
-            self._router[job_id] = (now, max(int(waiting), 0))
+            self._router[job_id] = (now, max(int(waiting), 0), limit)
+
+    def router_limit(self, job_id: int, now: float) -> int | None:
+        """The limit the job's router holds its replicas to, as last said within ROUTER_STALE_SECONDS."""
+        with self._lock:
+            at, _, limit = self._router.get(job_id, (0.0, 0, None))
+            return limit if at >= now - ROUTER_STALE_SECONDS else None
 
     def router_waiting(self, job_id: int, now: float) -> int:
         """The requests waiting in the job's router, as last said within ROUTER_STALE_SECONDS (else 0)."""
         with self._lock:
-            at, waiting = self._router.get(job_id, (0.0, 0))
+            at, waiting, _ = self._router.get(job_id, (0.0, 0, None))
             if at < now - ROUTER_STALE_SECONDS:
                 self._router.pop(job_id, None)
                 return 0

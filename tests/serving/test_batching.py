@@ -152,3 +152,16 @@ def test_a_load_past_half_the_limit_with_tpot_far_from_its_target_gets_room_befo
     near = controller(job, other, cooldown_seconds=0.0)
     load(job, tpot=0.03, waiting=0, limit=8, running=8)
     assert near.tick(job.clock.time()) == [], "TPOT 30 ms is over half its target: no room taken ahead of a queue"
+
+
+def test_replicas_the_router_holds_start_from_the_routers_limit(job: ServingDriver) -> None:
+    """vLLM takes no limit itself and reports none: the launcher says the router's with its queue."""
+    issued: list[Any] = []
+    ctl = controller(job, issued, cooldown_seconds=0.0)
+    job.requests(1, 20, ttft=0.2, tpot=0.02)
+    job.clock.advance(2.0)
+    job.report(0)
+    job.report(1, {"waiting": 0})
+    assert ctl.tick(job.clock.time()) == [], "no limit known: nothing to start from"
+    runtime(job).live.serving.set_router_waiting(job.job, 8, job.clock.time(), limit=6)
+    assert [(d.before, d.after) for d in ctl.tick(job.clock.time())] == [(6, 10)], "+4 (8 waiting, 2 replicas)"

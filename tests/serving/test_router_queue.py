@@ -117,6 +117,12 @@ def test_the_reporter_says_each_change_and_a_heartbeat_while_there_is_a_queue(ro
     assert reporter.report_once() and client.calls[-1][2] == {"waiting": 0}, "said once the server is back"
     now[0] = 60.0
     assert not reporter.report_once(), "no queue: no heartbeat (the server forgets a stale one anyway)"
+    router.limit = 8  # a batch limit the router holds its replicas to: said, and kept fresh like a queue
+    assert reporter.report_once() and client.calls[-1][2] == {"waiting": 0, "limit": 8}
+    now[0] = 65.0
+    assert not reporter.report_once()
+    now[0] = 70.0
+    assert reporter.report_once() and client.calls[-1][2] == {"waiting": 0, "limit": 8}, "a limit's heartbeat"
 
 
 def test_the_view_adds_the_routers_queue_to_the_engines(client, make_token, clock) -> None:  # type: ignore[no-untyped-def]
@@ -133,6 +139,9 @@ def test_the_view_adds_the_routers_queue_to_the_engines(client, make_token, cloc
     assert view.queued(job.job, now + 20.0, seconds=10.0) == 4, "engines not heard within 10 s: not counted"
     assert view.queued(job.job, now + ROUTER_STALE_SECONDS + 1) == 3, "a router queue not said again: gone"
     assert view.queued(999, now) == 0
+    assert view.router_limit(job.job, now) is None, "said without a limit"
+    view.set_router_waiting(job.job, 0, now, limit=8)
+    assert view.router_limit(job.job, now) == 8 and view.router_limit(job.job, now + ROUTER_STALE_SECONDS + 1) is None
 
 
 ROUTE = "/api/v1/jobs/{job_id}/serving/router"
