@@ -40,6 +40,7 @@ from typing import Any
 log = logging.getLogger("sentinel.serving.router")
 
 GAP_WEIGHT = 0.1  # of each new gap in the smoothed one: a replica's step time follows its batch within ~10 tokens
+RUSH_QUIET_SECONDS = 1.0  # a replica silent this long with requests in flight takes none past its limit
 HOP = frozenset({"connection", "keep-alive", "transfer-encoding", "content-length", "te", "trailer", "upgrade"})
 MAX_BODY_BYTES = 4 << 20
 
@@ -218,8 +219,11 @@ class Router:
 
     def _rush_room(self, b: Backend) -> bool:
         """Whether `b` takes one request past its limit: its tokens' gap, grown in proportion to one more in
-        flight, stays within the TPOT target, and it is under `burst` × its limit. No gap measured: no."""
+        flight, stays within the TPOT target, and it is under `burst` × its limit. No gap measured, or no byte
+        from it for RUSH_QUIET_SECONDS (frozen, or busy with a long prefill: its gap is old news): no."""
         if self.slo is None or b.limit is None or b.gap is None or not b.in_flight:
+            return False
+        if time.monotonic() - b.last_byte_at > RUSH_QUIET_SECONDS:
             return False
         return b.in_flight < math.ceil(self.burst * b.limit) and b.gap * (b.in_flight + 1) / b.in_flight <= self.slo[1]
 

@@ -110,3 +110,16 @@ def test_an_engine_without_the_limit_api_is_held_by_the_router(make_router: Any,
     router.set_limit(2)
     statuses, peak = burst(router, 4, max_tokens=20)
     assert statuses == [200] * 4 and peak == 2
+
+
+def test_a_replica_silent_with_requests_in_flight_takes_none_past_its_limit(make_router: Any) -> None:
+    """Its gap is old news: frozen mid-stream (the stall detector's case) or in a long prefill."""
+    router = make_router(slo=(0.2, 0.05))
+    backend = router.add("r0", 1)
+    backend.limit, backend.in_flight, backend.gap = 2, 2, 0.01
+    backend.last_byte_at = time.monotonic()
+    assert router._rush_room(backend), "tokens every 10 ms, 3 in flight: 15 ms, within 50"
+    backend.last_byte_at = time.monotonic() - 5.0
+    assert not router._rush_room(backend), "no byte for 5 s"
+    backend.last_byte_at, backend.in_flight = time.monotonic(), 4
+    assert not router._rush_room(backend), "at 2 x its limit"
