@@ -137,6 +137,18 @@ class SlowStage(CheckpointManager):
         return super()._stage(name, value)
 
 
+class GatedStage(CheckpointManager):
+    """Copies on the stage thread wait for `gate`: the test's in-place change comes first, whatever the load
+    (a 50 ms head start lost to the scheduler on a busy CI machine once)."""
+
+    gate = threading.Event()
+
+    def _stage(self, name: str, value: Any) -> Any:
+        if threading.current_thread() is not threading.main_thread():
+            self.gate.wait(10)
+        return super()._stage(name, value)
+
+
 def adam(torch: Any) -> tuple[Any, Any]:
     torch.manual_seed(0)
     model = torch.nn.Linear(32, 8)
@@ -167,12 +179,14 @@ def test_by_default_every_optimizer_that_steps_is_guarded(tmp_path: Path):
 
 def test_a_guarded_tensor_changed_in_place_before_its_copy_fails_the_save_not_the_checkpoint(tmp_path: Path):
     torch = pytest.importorskip("torch")
-    m = SlowStage(**manager_options(tmp_path, write_bytes_per_second=None))
+    m = GatedStage(**manager_options(tmp_path, write_bytes_per_second=None))
+    m.gate = threading.Event()
     model, optimizer = adam(torch)
     future = m.save(1, {"model": model.state_dict(), "optim": optimizer.state_dict()})
     assert future is not None
     with torch.no_grad():
         model.weight.mul_(2)  # not an optimizer step: nothing waits, the copy may mix both states
+    m.gate.set()
     with pytest.raises(CheckpointError, match=r"step 1 .*weight.*changed in place"):
         future.result(timeout=30)
     assert m.overlap_disabled is not None and m.errors == 1
