@@ -30,7 +30,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 from sentinel.demo.fault_tolerance import APPLY_PATHS, STATUS_PATHS, FaultTolerance
-from sentinel.serving.router import QuietServer, send_json
+from sentinel.serving.forward import QuietServer, send_json
 
 MODEL = "sentinel-demo-engine"
 FAULTS = ("empty", "freeze", "truncate", "exit0", "crash", "engine_core")
