@@ -50,6 +50,7 @@ class Broken(Exception):
         super().__init__(why)
         self.sent = sent
 
+
 class Forwarder(BaseHTTPRequestHandler):
     """One client connection: its requests forwarded to the router's replicas (see sentinel/serving/router.py)."""
 
