@@ -47,8 +47,15 @@ class TensorSpec:
     def from_json(cls, data: dict[str, Any]) -> TensorSpec:
         return cls(name=str(data["name"]), dtype=str(data["dtype"]), shape=[int(x) for x in data["shape"]],
                    nbytes=int(data["nbytes"]), chunk_bytes=int(data["chunk_bytes"]),
-                   chunks=[str(c) for c in data["chunks"]],
+                   chunks=_digests(data["chunks"]),
                    digest=str(data["digest"]) if data.get("digest") is not None else None)
+
+
+def _digests(value: Any) -> list[str]:
+    """A manifest's list of chunk digests, as parsed (a digest that is not a string matches no chunk)."""
+    if not isinstance(value, list):
+        raise TypeError(f"chunks is {type(value).__name__}, not a list")
+    return value
 
 
 def _torch() -> Any:

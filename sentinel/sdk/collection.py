@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from sentinel.sdk import layout
 from sentinel.sdk.chunkindex import ChunkRef
 
 if TYPE_CHECKING:
@@ -30,6 +31,7 @@ class GarbageReport:
     live_chunks: int = 0
     packs_spared: int = 0  # of the packs deleted, kept as spares (their bytes stay on disk until reused)
     bytes_spared: int = 0
+    layouts_rewritten: int = 0  # naming a pack this collection rewrote (sentinel.sdk.layout)
 
 
 def collect_garbage(store: CheckpointStore, *,
@@ -52,6 +54,7 @@ def collect_garbage(store: CheckpointStore, *,
                 if attempt is not None and _attempt_of(path) > attempt:
                     continue
                 path.unlink()
+                layout.path(path).unlink(missing_ok=True)
                 report.manifests_deleted += 1
             with contextlib.suppress(OSError):
                 step_dir.rmdir()
@@ -70,6 +73,7 @@ def collect_garbage(store: CheckpointStore, *,
         spare_room = _spare_room(store, by_pack, live)
         for pack, refs in by_pack.items():
             spare_room -= _sweep_pack(store, pack, refs, live, rewrite_below, spare_room, report)
+        report.layouts_rewritten = layout.repair(store)  # live chunks moved, or a writer left one behind
     return report
 
 

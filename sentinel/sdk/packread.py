@@ -54,18 +54,23 @@ def _read_chunks(store: CheckpointStore, digests: list[str], into: memoryview, t
         packs, offsets, lengths = store._index.locate(digests)
     except KeyError as exc:
         raise CheckpointStoreError(errno.ENOENT, f"chunk {exc.args[0]} is in no pack under {store.packs}") from None
-    n = len(digests)
-    pack_of = store._index.pack_name
     ends = np.cumsum(lengths)
-    total = int(ends[-1]) if n else 0
+    total = int(ends[-1]) if len(digests) else 0
     if total > len(into):
         raise CheckpointStoreError(errno.EIO, f"chunks in {store.packs} are longer than the manifest says")
     if total != len(into):
         raise CheckpointStoreError(errno.EIO, f"chunks in {store.packs} are shorter than the manifest says "
                                               f"({total} of {len(into)} bytes)")
-    if not n:
+    read_extents(store, store._index.pack_name, packs, offsets, ends - lengths, lengths, into, touched)
+
+
+def read_extents(store: CheckpointStore, pack_of: Callable[[int], str], packs: np.ndarray, offsets: np.ndarray,
+                 positions: np.ndarray, lengths: np.ndarray, into: memoryview,
+                 touched: Future[object] | None = None) -> None:
+    """Runs of bytes (pack number, offset in it, position in `into`, length) put in place: the pack that holds
+    most of the bytes at one shift is read across its whole span, the other runs laid on top."""
+    if not len(lengths):
         return
-    positions = ends - lengths
     fds: dict[str, int] = {}
     try:
         keys = packs.astype(np.int64) * (1 << 44) + (offsets - positions + (1 << 43))  # (pack, shift) in one integer
@@ -74,7 +79,7 @@ def _read_chunks(store: CheckpointStore, digests: list[str], into: memoryview, t
         main = inverse == best
         if touched is not None:
             touched.result()
-        first, end = int(positions[main][0]), int(ends[main][-1])
+        first, end = int(positions[main][0]), int((positions[main] + lengths[main]).max())
         shift = int(offsets[main][0] - positions[main][0])
         _span(store, fds, pack_of(int(packs[main][0])), first + shift, into[first:end])
         rest = np.flatnonzero(~main)

@@ -6,11 +6,12 @@ import json
 import logging
 import os
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any
 
-from sentinel.sdk import chunks
+from sentinel.sdk import chunks, layout
 from sentinel.sdk.catalog import CatalogError
+from sentinel.sdk.packread import read_extents
 from sentinel.sdk.stores import CheckpointStore, CheckpointStoreError
 
 if TYPE_CHECKING:
@@ -121,7 +122,6 @@ def load_step(m: CheckpointManager, step: int, locations: list[dict[str, str]], 
         where = f"{store.root} ({store.tier} tier{', node ' + store.node if store.node else ''})"
         try:
             with store.shared():
-                store.refresh()
                 state = _load(store, m.job_id, step, m.rank, manifest_digest, where)
             return Restored(step=step, state=state, location=store.location(), skipped=skipped)
         except CorruptCheckpoint as exc:
@@ -138,23 +138,63 @@ def load_step(m: CheckpointManager, step: int, locations: list[dict[str, str]], 
 
 
 def _load(store: CheckpointStore, job: int, step: int, rank: int, manifest_digest: str | None, where: str) -> Any:
+    """With a layout, the reads start first and the manifest is parsed meanwhile (a table of small chunks
+    has a manifest of megabytes); nothing read is used before the manifest's digests agree with it."""
     from sentinel.sdk.checkpoint import CorruptCheckpoint
 
-    raw = store.get_manifest(job, step, rank)
-    if manifest_digest is not None and chunks.digest(raw) != manifest_digest:
-        raise CorruptCheckpoint(f"step {step} rank {rank} at {where}: the manifest "
-                                f"{store.manifest_path(job, step, rank)} does not match the digest the catalog "
-                                f"recorded ({manifest_digest}); it was changed after it was written")
-    try:
-        manifest = json.loads(raw)
-        specs = [chunks.TensorSpec.from_json(t) for t in manifest["tensors"]]
-        skeleton = manifest["skeleton"]
-    except (ValueError, KeyError, TypeError) as exc:
-        raise CorruptCheckpoint(f"step {step} rank {rank} at {where}: the manifest "
-                                f"{store.manifest_path(job, step, rank)} is damaged ({exc!r})") from exc
+    path, label = store.manifest_path(job, step, rank), f"step {step} rank {rank} at {where}"
+    plan = layout.read(path)
     with ThreadPoolExecutor(max_workers=READERS, thread_name_prefix="sentinel-restore") as pool:
-        loaded = list(pool.map(lambda spec: _tensor(store, spec, f"step {step} rank {rank} at {where}"), specs))
+        early = [pool.submit(_read_by_layout, store, *tensor) for tensor in plan.tensors] if plan else []
+        raw = store.get_manifest(job, step, rank)
+        raw_digest = chunks.digest(raw)
+        if manifest_digest is not None and raw_digest != manifest_digest:
+            raise CorruptCheckpoint(f"{label}: the manifest {path} does not match the digest the catalog "
+                                    f"recorded ({manifest_digest}); it was changed after it was written")
+        try:
+            manifest = json.loads(raw)
+            specs = [chunks.TensorSpec.from_json(t) for t in manifest["tensors"]]
+            skeleton = manifest["skeleton"]
+        except (ValueError, KeyError, TypeError) as exc:
+            raise CorruptCheckpoint(f"{label}: the manifest {path} is damaged ({exc!r})") from exc
+        loaded: list[Any] = [None] * len(specs)
+        if plan is not None and plan.fits(raw_digest, specs):
+            loaded = list(pool.map(_verified, specs, early))
+        rest = [i for i, tensor in enumerate(loaded) if tensor is None]
+        if rest:
+            if plan is not None:
+                log.info("checkpoint layout stale, reading through the chunk index: %s tensors=%d of %d", label,
+                         len(rest), len(specs))
+            store.refresh()
+            for i, tensor in zip(rest, pool.map(lambda i: _tensor(store, specs[i], label), rest), strict=True):
+                loaded[i] = tensor
     return chunks.unflatten(skeleton, {spec.name: tensor for spec, tensor in zip(specs, loaded, strict=True)})
+
+
+def _read_by_layout(store: CheckpointStore, spec: chunks.TensorSpec, extents: layout.Extents
+                    ) -> tuple[Any, memoryview] | None:
+    """A tensor read where its layout says (verified later); None when that failed (the index path decides)."""
+    tensor, view = chunks.empty_like_spec(spec)
+    try:
+        read_extents(store, extents.names.__getitem__, extents.packs, extents.offsets, extents.positions,
+                     extents.lengths, view)
+    except (CheckpointStoreError, OSError, IndexError):
+        return None
+    return tensor, view
+
+
+def _verified(spec: chunks.TensorSpec, read: Future[tuple[Any, memoryview] | None]) -> Any:
+    """The tensor if its bytes match the manifest's digests, else None."""
+    got = read.result()
+    if got is None:
+        return None
+    tensor, view = got
+    if spec.digest is not None:
+        return tensor if chunks.digest(view) == spec.digest else None
+    for index, expected in enumerate(spec.chunks):
+        if chunks.digest(view[index * spec.chunk_bytes:(index + 1) * spec.chunk_bytes]) != expected:
+            return None
+    return tensor
 
 
 def _tensor(store: CheckpointStore, spec: chunks.TensorSpec, where: str) -> Any:

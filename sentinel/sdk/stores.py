@@ -5,6 +5,7 @@ Layout of a store root:
   packs/<id>.idx    what is in that pack (digest, offset, length); a pack without one is a torn write
   packs/<id>.spare  a retired pack kept for the next save to overwrite in place (no index: nothing in it is read)
   manifests/job-<job>/step-<step>/rank-<rank>.json
+  manifests/job-<job>/step-<step>/rank-<rank>.layout  where that shard's bytes lie here (sentinel.sdk.layout)
   lock              saves hold it shared, garbage collection exclusive (flock, across processes)
 
 A save checks which chunks exist and writes its manifest under the shared lock, so the collector,

@@ -8,7 +8,7 @@ import logging
 import time
 from typing import TYPE_CHECKING
 
-from sentinel.sdk import chunks, saving
+from sentinel.sdk import chunks, layout, saving
 from sentinel.sdk.catalog import CatalogError
 from sentinel.sdk.stores import CheckpointStore, CheckpointStoreError
 
@@ -29,11 +29,13 @@ def write(m: CheckpointManager, job: saving.Job) -> SaveResult:
         manifest = json.dumps({"format": FORMAT, "job": m.job_id, "step": step, "rank": m.rank,
                                "attempt": m.attempt, "created_at": time.time(), "skeleton": job.skeleton,
                                "tensors": [s.to_json() for s in specs]}).encode()
+        manifest_digest = chunks.digest(manifest)
         chunks_written, written = job.direct_written
         for store in stores:
             with store.shared():
                 store.refresh()
                 n, nbytes = store.write_pack(pieces, pace=saving.pacer(m.write_bytes_per_second))
+                layout.write_for(store, store.manifest_path(m.job_id, step, m.rank), manifest_digest, specs)
                 store.put_manifest(m.job_id, step, m.rank, manifest)
             chunks_written, written = chunks_written + n, written + nbytes
     except (OSError, CheckpointStoreError) as exc:
@@ -47,7 +49,7 @@ def write(m: CheckpointManager, job: saving.Job) -> SaveResult:
     result = SaveResult(step=step, tiers=[s.tier for s in stores], bytes_total=sum(s.nbytes for s in specs),
                         bytes_written=written, chunks_written=chunks_written, stall_seconds=job.stall,
                         write_seconds=time.perf_counter() - started, coalesced=job.coalesced)
-    register(m, result, chunks.digest(manifest), stores)
+    register(m, result, manifest_digest, stores)
     m.last_result = result
     log.info("checkpoint saved: job=%d rank=%d step=%d tiers=%s wrote=%d/%d bytes stall=%.3fs write=%.2fs%s",
              m.job_id, m.rank, step, ",".join(result.tiers), written, result.bytes_total, job.stall,

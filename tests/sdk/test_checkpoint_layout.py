@@ -1,0 +1,151 @@
+"""A shard's layout (where its bytes lie in one store, beside its manifest): a restore reads through it without
+loading the store's chunk index, and one that is missing, damaged, made for another manifest or left stale by
+garbage collection never costs correctness."""
+
+from __future__ import annotations
+
+import logging
+import shutil
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from sentinel.sdk import layout
+from sentinel.sdk.checkpoint import CheckpointManager, CorruptCheckpoint
+
+JOB = 3
+ROWS, DIM = 4096, 64  # float32: 256-byte rows, 8 to a 2 KiB chunk, 512 chunks
+
+
+def manager(tmp_path: Path, **kwargs: Any) -> CheckpointManager:
+    return CheckpointManager(job_id=JOB, rank=0, node="node-a", local_dir=str(tmp_path / "local"), catalog=False,
+                             **kwargs)
+
+
+def table_state(table: np.ndarray) -> dict[str, Any]:
+    return {"embedding.weight": table.copy(), "head": np.arange(1000, dtype=np.float64), "epoch": 2}
+
+
+def save(m: CheckpointManager, step: int, state: Any) -> None:
+    future = m.save(step, state)
+    assert future is not None
+    future.result(timeout=30)
+
+
+def restore_fresh(tmp_path: Path, step: int | None = None) -> tuple[Any, int]:
+    """Restored state by a manager as after a restart, and how many chunks it had to index to get it."""
+    reader = manager(tmp_path, keep_last=10)
+    try:
+        got = reader.restore(step)
+        assert got is not None
+        assert reader.local is not None
+        return got.state, len(reader.local._index)
+    finally:
+        reader.close()
+
+
+def assert_same(got: dict[str, Any], want: dict[str, Any]) -> None:
+    assert list(got) == list(want)
+    for key, value in want.items():
+        if isinstance(value, np.ndarray):
+            assert got[key].dtype == value.dtype and got[key].tobytes() == value.tobytes(), key
+        else:
+            assert got[key] == value
+
+
+def sparse_steps(tmp_path: Path, *, changed: float, keep_last: int = 10) -> tuple[CheckpointManager, list[dict]]:
+    """Step 1 a full table; step 2 with a share of its rows changed at random (a second pack)."""
+    rng = np.random.default_rng(5)
+    table = rng.standard_normal((ROWS, DIM)).astype(np.float32)
+    m = manager(tmp_path, keep_last=keep_last)
+    states = [table_state(table)]
+    save(m, 1, states[0])
+    rows = rng.permutation(ROWS)[:int(ROWS * changed)]
+    table[rows] += 1.0
+    states.append(table_state(table))
+    save(m, 2, states[1])
+    return m, states
+
+
+def test_a_restore_reads_through_the_layout_without_indexing_a_chunk(tmp_path: Path):
+    m, states = sparse_steps(tmp_path, changed=0.03)
+    m.close()
+    manifest = m.local.manifest_path(JOB, 2, 0)
+    assert layout.path(manifest).exists() and len(set(layout.packs_named(manifest) or [])) == 2  # both packs
+    got, indexed = restore_fresh(tmp_path)
+    assert_same(got, states[1])
+    assert indexed == 0
+    got, indexed = restore_fresh(tmp_path, step=1)
+    assert_same(got, states[0])
+    assert indexed == 0
+
+
+def test_collection_that_moves_chunks_rewrites_the_layouts_naming_their_old_pack(tmp_path: Path):
+    m, states = sparse_steps(tmp_path, changed=0.8, keep_last=1)  # step 1 retired: its pack 80% dead, rewritten
+    m.close()
+    report = m.local.collect_garbage()
+    assert report.manifests_deleted == 0
+    assert not m.local.manifest_path(JOB, 1, 0).parent.exists()  # its layout went with its manifest
+    manifest = m.local.manifest_path(JOB, 2, 0)
+    present = {p.stem for p in m.local.packs.glob("*.pack")}
+    named = layout.packs_named(manifest)
+    assert named is not None and set(named) <= present
+    got, indexed = restore_fresh(tmp_path)
+    assert_same(got, states[1])
+    assert indexed == 0  # without the rewrite the layout names a pack that is a spare now: the index is loaded
+
+
+@pytest.mark.parametrize("damage", ["garbage", "truncated", "another manifest's", "deleted"])
+def test_a_layout_that_is_damaged_or_not_this_manifests_only_costs_the_index(tmp_path: Path, damage: str,
+                                                                           caplog: pytest.LogCaptureFixture):
+    m, states = sparse_steps(tmp_path, changed=0.03)
+    m.close()
+    path = layout.path(m.local.manifest_path(JOB, 2, 0))
+    if damage == "garbage":
+        path.write_bytes(b"SNTLAY1\n" + bytes(range(256)) * 8)
+    elif damage == "truncated":
+        path.write_bytes(path.read_bytes()[:-100])
+    elif damage == "another manifest's":
+        shutil.copy(layout.path(m.local.manifest_path(JOB, 1, 0)), path)
+    else:
+        path.unlink()
+    with caplog.at_level(logging.INFO, logger="sentinel.sdk.checkpoint"):
+        got, indexed = restore_fresh(tmp_path)
+    assert_same(got, states[1])
+    assert indexed > 0
+    if damage in ("garbage", "truncated"):
+        assert "checkpoint layout unusable" in caplog.text and str(path.with_suffix(".json")) in caplog.text
+
+
+def test_bytes_the_layout_leads_to_are_verified_and_corruption_is_named_by_chunk(tmp_path: Path):
+    m, _ = sparse_steps(tmp_path, changed=0.03)
+    m.close()
+    plan = layout.read(m.local.manifest_path(JOB, 2, 0))
+    assert plan is not None
+    runs = next(r for s, r in plan.tensors if s.name == "embedding.weight")
+    where = 1000 * DIM * 4  # row 1000: chunk 126
+    run = int(np.flatnonzero((runs.positions <= where) & (where < runs.positions + runs.lengths))[0])
+    pack = m.local.packs / f"{runs.names[int(runs.packs[run])]}.pack"
+    with open(pack, "r+b") as fh:  # where the layout sends the read
+        at = int(runs.offsets[run]) + where - int(runs.positions[run])
+        fh.seek(at)
+        byte = fh.read(1)
+        fh.seek(at)
+        fh.write(bytes([byte[0] ^ 0x40]))
+    reader = manager(tmp_path)
+    with pytest.raises(CorruptCheckpoint, match=r"tensor 'embedding.weight' chunk 126 of 512 is corrupt"):
+        reader.restore(step=2)
+    reader.close()
+
+
+def test_collection_deletes_a_layout_whose_manifest_was_never_written(tmp_path: Path):
+    m, _ = sparse_steps(tmp_path, changed=0.03)
+    m.close()
+    orphan = layout.path(m.local.manifest_path(JOB, 9, 0))  # a writer killed between the two files
+    orphan.parent.mkdir(parents=True)
+    shutil.copy(layout.path(m.local.manifest_path(JOB, 2, 0)), orphan)
+    m.local.collect_garbage()
+    assert not orphan.exists()
+    assert layout.path(m.local.manifest_path(JOB, 2, 0)).exists()
