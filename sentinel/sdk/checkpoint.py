@@ -39,7 +39,7 @@ from sentinel.sdk.stores import CheckpointStore, LocalDirStore, SharedDirStore
 from sentinel.sdk.telemetry import env_int
 
 log = logging.getLogger("sentinel.sdk.checkpoint")
-FORMAT = 1
+FORMAT = 2  # 2: a tensor of many chunks lists their digests as one string (chunks_hex)
 
 
 class CheckpointError(RuntimeError):

@@ -26,29 +26,67 @@ def digest(data: memoryview | bytes) -> str:
     return xxhash.xxh3_128_hexdigest(data)
 
 
+PACKED_ABOVE = 64  # a tensor of more chunks lists their digests in the manifest as one string
+DIGEST_CHARS = 32
+
+
 @dataclass
 class TensorSpec:
-    """One tensor of a shard: where its bytes live (chunk digests) and how to rebuild it."""
+    """One tensor of a shard: where its bytes live (chunk digests) and how to rebuild it.
+
+    A manifest keeps the digests of a tensor of many chunks back to back in one string (`chunks_hex`): a
+    table of embedding rows has 100,000s of them, and as a JSON list they cost a restore more to parse than
+    the reads it starts before it parses them. They are split into `chunks` when first asked for."""
 
     name: str
     dtype: str  # "torch.bfloat16" or a numpy dtype string ("float32")
     shape: list[int]
     nbytes: int
     chunk_bytes: int
-    chunks: list[str] = field(default_factory=list)
     digest: str | None = None  # of all its bytes (tensors cut into small chunks): one check on restore
+    packed: str | None = field(default=None, repr=False)  # the digests as a manifest stores many, not split yet
+    _chunks: list[str] = field(default_factory=list, repr=False)
+
+    @property
+    def chunks(self) -> list[str]:
+        packed = self.packed
+        if packed is not None:
+            self._chunks = [packed[i:i + DIGEST_CHARS] for i in range(0, len(packed), DIGEST_CHARS)]
+            self.packed = None
+        return self._chunks
 
     def to_json(self) -> dict[str, Any]:
-        out = {"name": self.name, "dtype": self.dtype, "shape": self.shape, "nbytes": self.nbytes,
-               "chunk_bytes": self.chunk_bytes, "chunks": self.chunks}
+        out: dict[str, Any] = {"name": self.name, "dtype": self.dtype, "shape": self.shape, "nbytes": self.nbytes,
+                               "chunk_bytes": self.chunk_bytes}
+        if len(self.chunks) > PACKED_ABOVE:
+            out["chunks_hex"] = "".join(self.chunks)
+        else:
+            out["chunks"] = self.chunks
         return out | {"digest": self.digest} if self.digest is not None else out
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> TensorSpec:
-        return cls(name=str(data["name"]), dtype=str(data["dtype"]), shape=[int(x) for x in data["shape"]],
+        spec = cls(name=str(data["name"]), dtype=str(data["dtype"]), shape=[int(x) for x in data["shape"]],
                    nbytes=int(data["nbytes"]), chunk_bytes=int(data["chunk_bytes"]),
-                   chunks=_digests(data["chunks"]),
                    digest=str(data["digest"]) if data.get("digest") is not None else None)
+        if "chunks_hex" in data:
+            spec.packed = _packed(data["chunks_hex"])
+        else:
+            spec._chunks = _digests(data["chunks"])
+        return spec
+
+
+def manifest_digests(tensor: dict[str, Any]) -> list[str]:
+    """The chunk digests of one tensor of a parsed manifest, in either form."""
+    return TensorSpec(name="", dtype="", shape=[], nbytes=0, chunk_bytes=0,
+                      packed=_packed(tensor["chunks_hex"])).chunks if "chunks_hex" in tensor else _digests(
+                          tensor["chunks"])
+
+
+def _packed(value: Any) -> str:
+    if not isinstance(value, str) or len(value) % DIGEST_CHARS:
+        raise TypeError(f"chunks_hex is not a string of {DIGEST_CHARS}-character digests")
+    return value
 
 
 def _digests(value: Any) -> list[str]:

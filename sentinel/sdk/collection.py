@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from sentinel.sdk import layout
+from sentinel.sdk import chunks, layout
 from sentinel.sdk.chunkindex import ChunkRef
 
 if TYPE_CHECKING:
@@ -95,7 +95,7 @@ def _live_digests(store: CheckpointStore) -> set[str]:
         try:
             manifest = json.loads(path.read_bytes())
             for tensor in manifest["tensors"]:
-                live.update(tensor["chunks"])
+                live.update(chunks.manifest_digests(tensor))
         except (ValueError, KeyError, TypeError) as exc:  # what it references is unknown: delete nothing
             raise stores.CheckpointStoreError(errno.EIO, f"manifest {path} is damaged ({exc}); garbage "
                                                   "collection stopped") from exc

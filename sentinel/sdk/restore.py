@@ -143,10 +143,9 @@ def _load(store: CheckpointStore, job: int, step: int, rank: int, manifest_diges
     from sentinel.sdk.checkpoint import CorruptCheckpoint
 
     path, label = store.manifest_path(job, step, rank), f"step {step} rank {rank} at {where}"
-    plan = layout.read(path)
+    plan, raw = layout.read(path), store.get_manifest(job, step, rank)
     with ThreadPoolExecutor(max_workers=READERS, thread_name_prefix="sentinel-restore") as pool:
         early = [pool.submit(_read_by_layout, store, *tensor) for tensor in plan.tensors] if plan else []
-        raw = store.get_manifest(job, step, rank)
         raw_digest = chunks.digest(raw)
         if manifest_digest is not None and raw_digest != manifest_digest:
             raise CorruptCheckpoint(f"{label}: the manifest {path} does not match the digest the catalog "

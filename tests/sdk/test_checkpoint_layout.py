@@ -4,6 +4,7 @@ garbage collection never costs correctness."""
 
 from __future__ import annotations
 
+import json
 import logging
 import shutil
 from pathlib import Path
@@ -12,7 +13,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from sentinel.sdk import layout
+from sentinel.sdk import layout, packread
 from sentinel.sdk.checkpoint import CheckpointManager, CorruptCheckpoint
 
 JOB = 3
@@ -149,3 +150,36 @@ def test_collection_deletes_a_layout_whose_manifest_was_never_written(tmp_path: 
     m.local.collect_garbage()
     assert not orphan.exists()
     assert layout.path(m.local.manifest_path(JOB, 2, 0)).exists()
+
+
+def test_a_manifest_keeps_many_digests_as_one_string_and_one_written_as_a_list_still_restores(tmp_path: Path):
+    m, states = sparse_steps(tmp_path, changed=0.03)
+    m.close()
+    path = m.local.manifest_path(JOB, 2, 0)
+    manifest = json.loads(path.read_bytes())
+    table = next(t for t in manifest["tensors"] if t["name"] == "embedding.weight")
+    assert "chunks" not in table and len(table["chunks_hex"]) == 512 * 32
+    hexed = table.pop("chunks_hex")
+    table["chunks"] = [hexed[i:i + 32] for i in range(0, len(hexed), 32)]  # as format 1 wrote it
+    path.write_text(json.dumps(manifest))
+    got, indexed = restore_fresh(tmp_path)  # the layout was made for the other text: the index path
+    assert_same(got, states[1])
+    assert indexed > 0
+    assert m.local.collect_garbage().manifests_deleted == 0
+    assert_same(restore_fresh(tmp_path, step=1)[0], states[0])  # collection read both forms: nothing lost
+
+
+@pytest.mark.parametrize("unit", [1, 2048])
+def test_runs_copied_at_once_land_where_one_by_one_would(unit: int):
+    rng = np.random.default_rng(unit)
+    source = rng.integers(0, 256, 300 * 2048, dtype=np.uint8)
+    n = 40
+    lengths = rng.integers(1, 4, n) * 2048 if unit > 1 else rng.integers(1, 3000, n)
+    sources = rng.integers(0, len(source) - int(lengths.max()), n) // unit * unit
+    positions = np.cumsum(lengths) - lengths  # back to back in the target
+    into = np.zeros(int(lengths.sum()) + 100, dtype=np.uint8)
+    packread._copy_runs(memoryview(source), sources, memoryview(into), positions, lengths)
+    want = np.zeros_like(into)
+    for at, position, length in zip(sources, positions, lengths, strict=True):
+        want[position:position + length] = source[at:at + length]
+    assert into.tobytes() == want.tobytes()
