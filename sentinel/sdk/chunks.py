@@ -43,7 +43,9 @@ class TensorSpec:
     shape: list[int]
     nbytes: int
     chunk_bytes: int
-    digest: str | None = None  # of all its bytes (tensors cut into small chunks): one check on restore
+    digest: str | None = None  # of all its bytes (format 1, tensors cut into small chunks)
+    segment_bytes: int = 0  # tensors cut into small chunks: digests of ~16 MiB segments, checked in parallel
+    segments: list[str] = field(default_factory=list)
     packed: str | None = field(default=None, repr=False)  # the digests as a manifest stores many, not split yet
     _chunks: list[str] = field(default_factory=list, repr=False)
 
@@ -62,13 +64,26 @@ class TensorSpec:
             out["chunks_hex"] = "".join(self.chunks)
         else:
             out["chunks"] = self.chunks
+        if self.segments:
+            out |= {"segment_bytes": self.segment_bytes, "segments": self.segments}
         return out | {"digest": self.digest} if self.digest is not None else out
+
+    def check_units(self) -> tuple[int, list[str]] | None:
+        """(bytes, digests) of the pieces a restore verifies one by one: the segments, or the chunks of a tensor
+        without a digest over all its bytes; None: that one digest."""
+        if self.segments:
+            return self.segment_bytes, self.segments
+        return (self.chunk_bytes, self.chunks) if self.digest is None else None
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> TensorSpec:
         spec = cls(name=str(data["name"]), dtype=str(data["dtype"]), shape=[int(x) for x in data["shape"]],
                    nbytes=int(data["nbytes"]), chunk_bytes=int(data["chunk_bytes"]),
                    digest=str(data["digest"]) if data.get("digest") is not None else None)
+        if data.get("segments") is not None:
+            spec.segment_bytes, spec.segments = int(data["segment_bytes"]), _digests(data["segments"])
+            if spec.segment_bytes <= 0:
+                raise ValueError(f"segment_bytes {spec.segment_bytes}")
         if "chunks_hex" in data:
             spec.packed = _packed(data["chunks_hex"])
         else:

@@ -72,10 +72,16 @@ def build(index: ChunkIndex, manifest_digest: str, specs: list[chunks.TensorSpec
         runs["length"] = np.add.reduceat(lengths, starts)
         per_tensor.append(runs)
     header = json.dumps({"manifest": manifest_digest, "packs": [index.pack_name(n) for n in names],
-                         "tensors": [[spec.name, spec.dtype, spec.shape, spec.nbytes, len(runs)]
+                         "tensors": [[spec.name, spec.dtype, spec.shape, spec.nbytes, len(runs), unit_of(spec)]
                                      for spec, runs in zip(specs, per_tensor, strict=True)]}).encode()
     records = np.concatenate(per_tensor) if per_tensor else np.empty(0, dtype=RUN)
     return MAGIC + struct.pack("<I", len(header)) + header + records.tobytes()
+
+
+def unit_of(spec: chunks.TensorSpec) -> int:
+    """The bytes a restore verifies one digest at a time (0: one digest over all of them)."""
+    units = spec.check_units()
+    return units[0] if units is not None else 0
 
 
 def write(store: CheckpointStore, manifest: Path, data: bytes) -> None:
@@ -112,22 +118,24 @@ def read(manifest: Path) -> Layout | None:
         data = path(manifest).read_bytes()
         header, end = _header(data)
         names = [str(n) for n in header["packs"]]
-        tensors = [(str(name), str(dtype), [int(d) for d in shape], int(nbytes), int(count))
-                   for name, dtype, shape, nbytes, count in header["tensors"]]
+        tensors = [(str(name), str(dtype), [int(d) for d in shape], int(nbytes), int(count), int(unit))
+                   for name, dtype, shape, nbytes, count, unit in header["tensors"]]
         if (len(data) - end) != sum(t[4] for t in tensors) * RUN.itemsize:
             raise ValueError("records and header disagree")
         records = np.frombuffer(data, dtype=RUN, offset=end)
         if len(records) and (records["pack"].min() < 0 or records["pack"].max() >= len(names)):
             raise ValueError("a run names no pack")
         out, at = [], 0
-        for name, dtype, shape, nbytes, count in tensors:
+        for name, dtype, shape, nbytes, count, unit in tensors:
             runs = records[at:at + count]
             at += count
             if int(runs["length"].sum()) != nbytes or (len(runs) and (
                     runs["position"].min() < 0 or runs["offset"].min() < 0 or runs["length"].min() <= 0
                     or int((runs["position"] + runs["length"]).max()) > nbytes)):
                 raise ValueError(f"the runs of {name} do not cover it")
-            spec = chunks.TensorSpec(name=name, dtype=dtype, shape=shape, nbytes=nbytes, chunk_bytes=0)
+            if unit < 0:
+                raise ValueError(f"unit {unit}")
+            spec = chunks.TensorSpec(name=name, dtype=dtype, shape=shape, nbytes=nbytes, chunk_bytes=unit)
             out.append((spec, Extents(names, runs["pack"], runs["offset"], runs["position"], runs["length"])))
     except (OSError, ValueError, KeyError, TypeError) as exc:
         if not isinstance(exc, FileNotFoundError):
@@ -140,11 +148,12 @@ def read(manifest: Path) -> Layout | None:
 @dataclass
 class Layout:
     manifest_digest: str
-    tensors: list[tuple[chunks.TensorSpec, Extents]]  # specs with name, dtype, shape, nbytes (no digests)
+    # specs with name, dtype, shape, nbytes and (as chunk_bytes) the bytes each digest checks; no digests
+    tensors: list[tuple[chunks.TensorSpec, Extents]]
 
     def fits(self, manifest_digest: str, specs: list[chunks.TensorSpec]) -> bool:
         return manifest_digest == self.manifest_digest and len(specs) == len(self.tensors) and all(
-            (s.name, s.dtype, s.shape, s.nbytes) == (t.name, t.dtype, t.shape, t.nbytes)
+            (s.name, s.dtype, s.shape, s.nbytes, unit_of(s)) == (t.name, t.dtype, t.shape, t.nbytes, t.chunk_bytes)
             for s, (t, _) in zip(specs, self.tensors, strict=True))
 
 

@@ -15,6 +15,7 @@ import os
 import threading
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -65,31 +66,81 @@ def _read_chunks(store: CheckpointStore, digests: list[str], into: memoryview, t
     read_extents(store, store._index.pack_name, packs, offsets, ends - lengths, lengths, into, touched)
 
 
+@dataclass
+class Plan:
+    """How to read a tensor's runs: the main pack's span at one shift, then the other runs on top."""
+
+    main: str  # the pack holding most of the bytes at one shift
+    shift: int  # its offset minus the position in the tensor
+    first: int  # the span of positions it is read across
+    end: int
+    pack_of: Callable[[int], str]  # pack numbers to names
+    packs: np.ndarray  # the other runs' pack numbers, offsets, positions and lengths
+    offsets: np.ndarray
+    positions: np.ndarray
+    lengths: np.ndarray
+
+
+def plan(pack_of: Callable[[int], str], packs: np.ndarray, offsets: np.ndarray, positions: np.ndarray,
+         lengths: np.ndarray) -> Plan | None:
+    """None for no runs (an empty tensor)."""
+    if not len(lengths):
+        return None
+    keys = packs.astype(np.int64) * (1 << 44) + (offsets - positions + (1 << 43))  # (pack, shift) in one integer
+    _, inverse = np.unique(keys, return_inverse=True)
+    main = inverse == int(np.argmax(np.bincount(inverse, weights=lengths)))
+    rest = np.flatnonzero(~main)
+    return Plan(pack_of(int(packs[main][0])), int(offsets[main][0] - positions[main][0]), int(positions[main][0]),
+                int((positions[main] + lengths[main]).max()), pack_of, packs[rest], offsets[rest], positions[rest],
+                lengths[rest])
+
+
 def read_extents(store: CheckpointStore, pack_of: Callable[[int], str], packs: np.ndarray, offsets: np.ndarray,
                  positions: np.ndarray, lengths: np.ndarray, into: memoryview,
                  touched: Future[object] | None = None) -> None:
     """Runs of bytes (pack number, offset in it, position in `into`, length) put in place: the pack that holds
-    most of the bytes at one shift is read across its whole span, the other runs laid on top."""
-    if not len(lengths):
+    most of the bytes at one shift is read across its whole span (in parallel pieces), the other runs on top."""
+    how = plan(pack_of, packs, offsets, positions, lengths)
+    if touched is not None:
+        touched.result()
+    if how is None:
         return
     fds: dict[str, int] = {}
     try:
-        keys = packs.astype(np.int64) * (1 << 44) + (offsets - positions + (1 << 43))  # (pack, shift) in one integer
-        _, inverse = np.unique(keys, return_inverse=True)
-        best = int(np.argmax(np.bincount(inverse, weights=lengths)))
-        main = inverse == best
-        if touched is not None:
-            touched.result()
-        first, end = int(positions[main][0]), int((positions[main] + lengths[main]).max())
-        shift = int(offsets[main][0] - positions[main][0])
-        _span(store, fds, pack_of(int(packs[main][0])), first + shift, into[first:end])
-        rest = np.flatnonzero(~main)
-        for pack in np.unique(packs[rest]) if rest.size else ():
-            chosen = rest[packs[rest] == pack]
-            _lay(store, fds, pack_of(int(pack)), offsets[chosen], positions[chosen], lengths[chosen], into)
+        _span(store, fds, how.main, how.first + how.shift, into[how.first:how.end])
+        _lay_rest(store, fds, how, into, np.ones(len(how.lengths), dtype=bool))
     finally:
         for fd in fds.values():
             os.close(fd)
+
+
+def read_range(store: CheckpointStore, how: Plan, into: memoryview, start: int, stop: int) -> None:
+    """The bytes of positions [start, stop) put in place, on this thread: ranges of one tensor go in parallel."""
+    fds: dict[str, int] = {}
+    try:
+        low, high = max(start, how.first), min(stop, how.end)
+        if low < high:
+            _pread(store, fds, how.main, low + how.shift, into[low:high])
+        ends = how.positions + how.lengths
+        _lay_rest(store, fds, how, into, (how.positions < stop) & (ends > start), start, stop)
+    finally:
+        for fd in fds.values():
+            os.close(fd)
+
+
+def _lay_rest(store: CheckpointStore, fds: dict[str, int], how: Plan, into: memoryview, chosen: np.ndarray,
+              start: int = 0, stop: int | None = None) -> None:
+    """The plan's other runs that `chosen` marks, cut to [start, stop), pack by pack."""
+    picked = np.flatnonzero(chosen)
+    if not picked.size:
+        return
+    positions, ends = how.positions[picked], how.positions[picked] + how.lengths[picked]
+    low = np.maximum(positions, start)
+    high = np.minimum(ends, stop) if stop is not None else ends
+    offsets, packs = how.offsets[picked] + (low - positions), how.packs[picked]
+    for pack in np.unique(packs).tolist():
+        mine = packs == pack
+        _lay(store, fds, how.pack_of(pack), offsets[mine], low[mine], (high - low)[mine], into)
 
 
 def _span(store: CheckpointStore, fds: dict[str, int], pack: str, offset: int, into: memoryview) -> None:

@@ -9,9 +9,8 @@ from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any
 
-from sentinel.sdk import chunks, layout
+from sentinel.sdk import chunks, layout, packread
 from sentinel.sdk.catalog import CatalogError
-from sentinel.sdk.packread import read_extents
 from sentinel.sdk.stores import CheckpointStore, CheckpointStoreError
 
 if TYPE_CHECKING:
@@ -20,7 +19,8 @@ if TYPE_CHECKING:
 log = logging.getLogger("sentinel.sdk.checkpoint")
 MAX_ROUNDS = 8
 PREFAULT_BYTES = 1 << 20
-READERS = max(1, min(4, os.cpu_count() or 1))  # tensors read and verified at once
+READERS = max(1, min(4, os.cpu_count() or 1))  # tensors (or ranges of one) read and verified at once
+RANGE_BYTES = 16 << 20  # a tensor read through its layout goes in ranges of about this many bytes
 
 
 def restore(m: CheckpointManager, step: int | None, agree: Callable[[int], int] | None) -> Restored | None:
@@ -145,20 +145,24 @@ def _load(store: CheckpointStore, job: int, step: int, rank: int, manifest_diges
     path, label = store.manifest_path(job, step, rank), f"step {step} rank {rank} at {where}"
     plan, raw = layout.read(path), store.get_manifest(job, step, rank)
     with ThreadPoolExecutor(max_workers=READERS, thread_name_prefix="sentinel-restore") as pool:
-        early = [pool.submit(_read_by_layout, store, *tensor) for tensor in plan.tensors] if plan else []
-        raw_digest = chunks.digest(raw)
-        if manifest_digest is not None and raw_digest != manifest_digest:
-            raise CorruptCheckpoint(f"{label}: the manifest {path} does not match the digest the catalog "
-                                    f"recorded ({manifest_digest}); it was changed after it was written")
+        started = [_start(pool, store, *tensor) for tensor in plan.tensors] if plan else []
         try:
-            manifest = json.loads(raw)
-            specs = [chunks.TensorSpec.from_json(t) for t in manifest["tensors"]]
-            skeleton = manifest["skeleton"]
-        except (ValueError, KeyError, TypeError) as exc:
-            raise CorruptCheckpoint(f"{label}: the manifest {path} is damaged ({exc!r})") from exc
+            raw_digest = chunks.digest(raw)
+            if manifest_digest is not None and raw_digest != manifest_digest:
+                raise CorruptCheckpoint(f"{label}: the manifest {path} does not match the digest the catalog "
+                                        f"recorded ({manifest_digest}); it was changed after it was written")
+            try:
+                manifest = json.loads(raw)
+                specs = [chunks.TensorSpec.from_json(t) for t in manifest["tensors"]]
+                skeleton = manifest["skeleton"]
+            except (ValueError, KeyError, TypeError) as exc:
+                raise CorruptCheckpoint(f"{label}: the manifest {path} is damaged ({exc!r})") from exc
+        except BaseException:
+            pool.shutdown(cancel_futures=True)
+            raise
         loaded: list[Any] = [None] * len(specs)
         if plan is not None and plan.fits(raw_digest, specs):
-            loaded = list(pool.map(_verified, specs, early))
+            loaded = [_verified(spec, *one) for spec, one in zip(specs, started, strict=True)]
         rest = [i for i, tensor in enumerate(loaded) if tensor is None]
         if rest:
             if plan is not None:
@@ -170,30 +174,38 @@ def _load(store: CheckpointStore, job: int, step: int, rank: int, manifest_diges
     return chunks.unflatten(skeleton, {spec.name: tensor for spec, tensor in zip(specs, loaded, strict=True)})
 
 
-def _read_by_layout(store: CheckpointStore, spec: chunks.TensorSpec, extents: layout.Extents
-                    ) -> tuple[Any, memoryview] | None:
-    """A tensor read where its layout says (verified later); None when that failed (the index path decides)."""
+def _start(pool: ThreadPoolExecutor, store: CheckpointStore, spec: chunks.TensorSpec, extents: layout.Extents
+           ) -> tuple[Any, memoryview, list[Future[list[str] | None]]]:
+    """A tensor's reads started where its layout says, range by range in parallel; each range returns the
+    digests of the pieces it holds (`spec.chunk_bytes` each, from the layout), checked once the manifest is."""
     tensor, view = chunks.empty_like_spec(spec)
+    how = packread.plan(extents.names.__getitem__, extents.packs, extents.offsets, extents.positions,
+                        extents.lengths)
+    unit = spec.chunk_bytes
+    step = max(unit, RANGE_BYTES // unit * unit) if unit else RANGE_BYTES
+    futures = [pool.submit(_range, store, how, view, at, min(at + step, spec.nbytes), unit)
+               for at in range(0, spec.nbytes, step)] if how is not None else []
+    return tensor, view, futures
+
+
+def _range(store: CheckpointStore, how: packread.Plan, view: memoryview, start: int, stop: int,
+           unit: int) -> list[str] | None:
     try:
-        read_extents(store, extents.names.__getitem__, extents.packs, extents.offsets, extents.positions,
-                     extents.lengths, view)
+        packread.read_range(store, how, view, start, stop)
     except (CheckpointStoreError, OSError, IndexError):
-        return None
-    return tensor, view
+        return None  # a pack gone or cut short: the index path decides
+    return [chunks.digest(view[at:min(at + unit, stop)]) for at in range(start, stop, unit)] if unit else []
 
 
-def _verified(spec: chunks.TensorSpec, read: Future[tuple[Any, memoryview] | None]) -> Any:
+def _verified(spec: chunks.TensorSpec, tensor: Any, view: memoryview, ranges: list[Future[list[str] | None]]) -> Any:
     """The tensor if its bytes match the manifest's digests, else None."""
-    got = read.result()
-    if got is None:
+    got = [future.result() for future in ranges]
+    if any(digests is None for digests in got):
         return None
-    tensor, view = got
-    if spec.digest is not None:
+    units = spec.check_units()
+    if units is None:
         return tensor if chunks.digest(view) == spec.digest else None
-    for index, expected in enumerate(spec.chunks):
-        if chunks.digest(view[index * spec.chunk_bytes:(index + 1) * spec.chunk_bytes]) != expected:
-            return None
-    return tensor
+    return tensor if [d for digests in got if digests for d in digests] == units[1] else None
 
 
 def _tensor(store: CheckpointStore, spec: chunks.TensorSpec, where: str) -> Any:
@@ -208,6 +220,10 @@ def _tensor(store: CheckpointStore, spec: chunks.TensorSpec, where: str) -> Any:
     store.read_chunks(spec.chunks, view, touch)
     if spec.digest is not None and chunks.digest(view) == spec.digest:
         return tensor
+    whole = spec.segment_bytes
+    if spec.segments and all(chunks.digest(view[i * whole:(i + 1) * whole]) == expected
+                             for i, expected in enumerate(spec.segments)):
+        return tensor
     for index, expected in enumerate(spec.chunks):
         piece = view[index * spec.chunk_bytes:(index + 1) * spec.chunk_bytes]
         actual = chunks.digest(piece)
@@ -217,7 +233,8 @@ def _tensor(store: CheckpointStore, spec: chunks.TensorSpec, where: str) -> Any:
             raise CorruptCheckpoint(
                 f"{where}: tensor {spec.name!r} chunk {index + 1} of {len(spec.chunks)} is corrupt (expected "
                 f"digest {expected}, read {actual}; {place})")
-    if spec.digest is not None:
-        raise CorruptCheckpoint(f"{where}: tensor {spec.name!r} does not match its digest ({spec.digest}) although "
-                                "each chunk does: the manifest is inconsistent")
+    if spec.digest is not None or spec.segments:
+        raise CorruptCheckpoint(f"{where}: tensor {spec.name!r} does not match its digest"
+                                f"{' (' + spec.digest + ')' if spec.digest else 's of its segments'} although each "
+                                "chunk does: the manifest is inconsistent")
     return tensor

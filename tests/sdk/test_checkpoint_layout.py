@@ -13,8 +13,9 @@ from typing import Any
 import numpy as np
 import pytest
 
-from sentinel.sdk import layout, packread
+from sentinel.sdk import layout, packread, restore, saving
 from sentinel.sdk.checkpoint import CheckpointManager, CorruptCheckpoint
+from sentinel.sdk.chunks import digest
 
 JOB = 3
 ROWS, DIM = 4096, 64  # float32: 256-byte rows, 8 to a 2 KiB chunk, 512 chunks
@@ -81,6 +82,38 @@ def test_a_restore_reads_through_the_layout_without_indexing_a_chunk(tmp_path: P
     got, indexed = restore_fresh(tmp_path, step=1)
     assert_same(got, states[0])
     assert indexed == 0
+
+
+@pytest.mark.parametrize("row", [1000, 2047, 4095])
+def test_a_table_read_in_ranges_is_verified_segment_by_segment(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                               row: int):
+    """A 1 MiB table in 64 KiB segments read in 128 KiB ranges (16 MiB each in use): every range checks its
+    own segments, and a flipped byte in any of them sends the restore to the index, which names the chunk."""
+    monkeypatch.setattr(saving, "SEGMENT_BYTES", 64 << 10)
+    monkeypatch.setattr(restore, "RANGE_BYTES", 128 << 10)
+    m, states = sparse_steps(tmp_path, changed=0.03)
+    m.close()
+    manifest = json.loads(m.local.get_manifest(JOB, 2, 0))
+    table = next(t for t in manifest["tensors"] if t["name"] == "embedding.weight")
+    assert table["segment_bytes"] == 64 << 10 and len(table["segments"]) == 16
+    got, indexed = restore_fresh(tmp_path)
+    assert_same(got, states[1])
+    assert indexed == 0
+    plan = layout.read(m.local.manifest_path(JOB, 2, 0))
+    assert plan is not None
+    runs = next(r for s, r in plan.tensors if s.name == "embedding.weight")
+    where = row * DIM * 4
+    run = int(np.flatnonzero((runs.positions <= where) & (where < runs.positions + runs.lengths))[0])
+    with open(m.local.packs / f"{runs.names[int(runs.packs[run])]}.pack", "r+b") as fh:
+        at = int(runs.offsets[run]) + where - int(runs.positions[run])
+        fh.seek(at)
+        byte = fh.read(1)
+        fh.seek(at)
+        fh.write(bytes([byte[0] ^ 0x01]))
+    reader = manager(tmp_path)
+    with pytest.raises(CorruptCheckpoint, match=rf"chunk {row // 8 + 1} of 512 is corrupt"):
+        reader.restore(step=2)
+    reader.close()
 
 
 def test_collection_that_moves_chunks_rewrites_the_layouts_naming_their_old_pack(tmp_path: Path):
@@ -152,7 +185,7 @@ def test_collection_deletes_a_layout_whose_manifest_was_never_written(tmp_path: 
     assert layout.path(m.local.manifest_path(JOB, 2, 0)).exists()
 
 
-def test_a_manifest_keeps_many_digests_as_one_string_and_one_written_as_a_list_still_restores(tmp_path: Path):
+def test_a_manifest_keeps_many_digests_as_one_string_and_one_of_format_1_still_restores(tmp_path: Path):
     m, states = sparse_steps(tmp_path, changed=0.03)
     m.close()
     path = m.local.manifest_path(JOB, 2, 0)
@@ -160,7 +193,9 @@ def test_a_manifest_keeps_many_digests_as_one_string_and_one_written_as_a_list_s
     table = next(t for t in manifest["tensors"] if t["name"] == "embedding.weight")
     assert "chunks" not in table and len(table["chunks_hex"]) == 512 * 32
     hexed = table.pop("chunks_hex")
-    table["chunks"] = [hexed[i:i + 32] for i in range(0, len(hexed), 32)]  # as format 1 wrote it
+    table["chunks"] = [hexed[i:i + 32] for i in range(0, len(hexed), 32)]  # as format 1 wrote it:
+    del table["segments"], table["segment_bytes"]  # a list, and one digest over all the bytes
+    table["digest"] = digest(states[1]["embedding.weight"].tobytes())
     path.write_text(json.dumps(manifest))
     got, indexed = restore_fresh(tmp_path)  # the layout was made for the other text: the index path
     assert_same(got, states[1])
