@@ -437,7 +437,10 @@ def main() -> int:
         say(f"state: {len(tensors(state))} tensors, {size / GIB:.3f} GiB; torch {torch.__version__}, "
             f"{torch.get_num_threads()} threads, {os.cpu_count()} CPUs, load {started_load}; writing under {work}")
         firsts: list[tuple[float, SaveResult]] = []
-        writes = rounds(write_contenders(state, work, firsts), r)
+        contenders = write_contenders(state, work, firsts)
+        rounds(contenders, 1)  # untimed: the page cache grows to hold every contender's file (on a VM, pages
+        firsts.clear()  # the host faults in); without it the first three of round 1 took 2.3-3.0 s, not 0.3-0.9
+        writes = rounds(contenders, r)
         for name, values in writes.items():
             say(f"  {name:21} {secs(values)}")
         say(f"  Sentinel first saves: stall {secs([s for s, _ in firsts])}, background write "
