@@ -210,7 +210,8 @@ def _verified(spec: chunks.TensorSpec, tensor: Any, view: memoryview, ranges: li
 
 def _tensor(store: CheckpointStore, spec: chunks.TensorSpec, where: str) -> Any:
     """One tensor read into fresh memory and verified (reads and digests release the GIL: tensors go in
-    parallel). With a digest over all its bytes, one pass checks it; a mismatch is then found chunk by chunk."""
+    parallel). With digests of its segments (or, format 1, of all its bytes), one pass checks it; a mismatch
+    is then found chunk by chunk."""
     from sentinel.sdk.checkpoint import CorruptCheckpoint
 
     tensor, view = chunks.empty_like_spec(spec)
@@ -220,8 +221,8 @@ def _tensor(store: CheckpointStore, spec: chunks.TensorSpec, where: str) -> Any:
     store.read_chunks(spec.chunks, view, touch)
     if spec.digest is not None and chunks.digest(view) == spec.digest:
         return tensor
-    whole = spec.segment_bytes
-    if spec.segments and all(chunks.digest(view[i * whole:(i + 1) * whole]) == expected
+    size = spec.segment_bytes
+    if spec.segments and all(chunks.digest(view[i * size:(i + 1) * size]) == expected
                              for i, expected in enumerate(spec.segments)):
         return tensor
     for index, expected in enumerate(spec.chunks):
