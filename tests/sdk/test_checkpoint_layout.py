@@ -71,6 +71,21 @@ def sparse_steps(tmp_path: Path, *, changed: float, keep_last: int = 10) -> tupl
     return m, states
 
 
+def flip_a_byte_of_row(m: CheckpointManager, row: int) -> None:
+    """Corrupt the first byte of a table row of step 2 where its layout says it lies."""
+    plan = layout.read(m.local.manifest_path(JOB, 2, 0))
+    assert plan is not None
+    runs = next(r for s, r in plan.tensors if s.name == "embedding.weight")
+    where = row * DIM * 4
+    run = int(np.flatnonzero((runs.positions <= where) & (where < runs.positions + runs.lengths))[0])
+    with open(m.local.packs / f"{runs.names[int(runs.packs[run])]}.pack", "r+b") as fh:
+        at = int(runs.offsets[run]) + where - int(runs.positions[run])
+        fh.seek(at)
+        byte = fh.read(1)
+        fh.seek(at)
+        fh.write(bytes([byte[0] ^ 0x01]))
+
+
 def test_a_restore_reads_through_the_layout_without_indexing_a_chunk(tmp_path: Path):
     m, states = sparse_steps(tmp_path, changed=0.03)
     m.close()
@@ -99,19 +114,9 @@ def test_a_table_read_in_ranges_is_verified_segment_by_segment(tmp_path: Path, m
     got, indexed = restore_fresh(tmp_path)
     assert_same(got, states[1])
     assert indexed == 0
-    plan = layout.read(m.local.manifest_path(JOB, 2, 0))
-    assert plan is not None
-    runs = next(r for s, r in plan.tensors if s.name == "embedding.weight")
-    where = row * DIM * 4
-    run = int(np.flatnonzero((runs.positions <= where) & (where < runs.positions + runs.lengths))[0])
-    with open(m.local.packs / f"{runs.names[int(runs.packs[run])]}.pack", "r+b") as fh:
-        at = int(runs.offsets[run]) + where - int(runs.positions[run])
-        fh.seek(at)
-        byte = fh.read(1)
-        fh.seek(at)
-        fh.write(bytes([byte[0] ^ 0x01]))
+    flip_a_byte_of_row(m, row)
     reader = manager(tmp_path)
-    with pytest.raises(CorruptCheckpoint, match=rf"chunk {row // 8 + 1} of 512 is corrupt"):
+    with pytest.raises(CorruptCheckpoint, match=rf"tensor 'embedding.weight' chunk {row // 8 + 1} of 512 is corrupt"):
         reader.restore(step=2)
     reader.close()
 
@@ -156,18 +161,7 @@ def test_a_layout_that_is_damaged_or_not_this_manifests_only_costs_the_index(tmp
 def test_bytes_the_layout_leads_to_are_verified_and_corruption_is_named_by_chunk(tmp_path: Path):
     m, _ = sparse_steps(tmp_path, changed=0.03)
     m.close()
-    plan = layout.read(m.local.manifest_path(JOB, 2, 0))
-    assert plan is not None
-    runs = next(r for s, r in plan.tensors if s.name == "embedding.weight")
-    where = 1000 * DIM * 4  # row 1000: chunk 126
-    run = int(np.flatnonzero((runs.positions <= where) & (where < runs.positions + runs.lengths))[0])
-    pack = m.local.packs / f"{runs.names[int(runs.packs[run])]}.pack"
-    with open(pack, "r+b") as fh:  # where the layout sends the read
-        at = int(runs.offsets[run]) + where - int(runs.positions[run])
-        fh.seek(at)
-        byte = fh.read(1)
-        fh.seek(at)
-        fh.write(bytes([byte[0] ^ 0x40]))
+    flip_a_byte_of_row(m, 1000)  # chunk 126, where the layout sends the read
     reader = manager(tmp_path)
     with pytest.raises(CorruptCheckpoint, match=r"tensor 'embedding.weight' chunk 126 of 512 is corrupt"):
         reader.restore(step=2)
