@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import gc
 import logging
+import sys
 from collections.abc import AsyncIterator, Callable
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 
@@ -87,6 +88,12 @@ class SentinelAPI(FastAPI):
 # (~0.2 ms of CPU a report in all, docs/scaling.md). Reports freed by reference counting, as they all are,
 # never reach 50,000 net allocations; reference cycles are rare here and still collected.
 GC_THRESHOLDS = (50_000, 20, 100)
+# How long a thread may hold the GIL while another waits for it (CPython's default: 5 ms). The periodic
+# detectors walk every accelerator (~0.5 s of CPU every 10 s at 100,000) on the scheduler's thread. Meanwhile
+# the ingest writer releases the GIL on each SQLite step or PostgreSQL round trip and then waited up to 5 ms to
+# get it back, hundreds of times a batch: commits took 0.1-0.7 s during each sweep, and that was the p99 at
+# 12,500 nodes (docs/scaling.md, "Tail latency"). With 1 ms the sweep takes longer and the reports do not wait.
+SWITCH_INTERVAL_SECONDS = 0.001
 
 
 def create_app(settings: Settings, clock: Clock | None = None, *, migrate: bool = True,
@@ -124,8 +131,9 @@ def _lifespan(runtime: Runtime, migrate: bool, run_scheduler: bool
         # Everything built so far lives as long as the process: keep it out of the collector's way.
         # Without this, full collections under ingest load pause the server for ~100 ms (the p99).
         gc.freeze()
-        thresholds = gc.get_threshold()
+        thresholds, switch = gc.get_threshold(), sys.getswitchinterval()
         gc.set_threshold(*GC_THRESHOLDS)
+        sys.setswitchinterval(SWITCH_INTERVAL_SECONDS)
         scheduler = (build_scheduler(runtime.periodic(), leading=lambda: runtime.leading,
                                      errors=runtime.plugin_errors) if run_scheduler else None)
         if scheduler is not None:
@@ -139,6 +147,7 @@ def _lifespan(runtime: Runtime, migrate: bool, run_scheduler: bool
                 scheduler.shutdown(wait=False)
             runtime.stop()
             gc.set_threshold(*thresholds)
+            sys.setswitchinterval(switch)
 
     return lifespan
 
