@@ -26,12 +26,13 @@ Sentinel writes to its local tier (LocalDirStore: no fsync), `catalog=False`.
    a small dense head changed everywhere (target ≤ 0.05×); the same with 1% contiguous rows.
 5. The stall a real training loop sees (forward, backward, Adam on a Linear stack of `--loop-gib` GiB of
    model + Adam state, `--loop-steps` steps, a save every 3, `--loop-rounds` rounds), in steady state: each
-   Sentinel mode first makes 5 saves untimed (buffers allocated, retired packs recycled), then the timed loop
-   runs until its last save is written. Loop time with saves minus without, per save, for torch.save,
-   save(guard=False) and save() with its default guard, which copies the parameters and Adam's state on a
-   stage thread while the next forward and backward run and makes optimizer.step() wait for that copy. This
-   includes the CPU the background writer takes from the loop: run with all of torch's threads computing,
-   and with one fewer (the writer then has a core, as the checkpointer has the host CPUs on a GPU node).
+   Sentinel mode first saves untimed until 5 saves were written (buffers allocated, retired packs recycled
+   as spares), then the timed loop runs until its last save is written. Loop time with saves minus without,
+   per save, for torch.save, save(guard=False) and save() with its default guard, which copies the parameters
+   and Adam's state on a stage thread while the next forward and backward run and makes optimizer.step() wait
+   for that copy. This includes the CPU the background writer takes from the loop: run with all of torch's
+   threads computing, and with one fewer (the writer then has a core, as the checkpointer has the host CPUs on
+   a GPU node).
    Target: save() (guarded) ≤ 0.2× torch.save.
 4. Restore: `restore()` by a fresh manager (as after a restart: its store's index not loaded yet) of the full
    state, every chunk's digest verified, against `torch.load` of torch.save's file (weights_only=True); and
@@ -223,7 +224,7 @@ def steady_state(state: Any, work: Path, repeats: int) -> tuple[list[float], lis
 
 def second_save(work: Path, state: Callable[[], Any], step: Callable[[], object]) -> tuple[SaveResult, float, float]:
     """The second save's result; then the times of restore() and of torch.load of the same state (each the
-    mean of two, in the order restore, load, load, restore)."""
+    mean of two, in the order restore, load, load, restore, after one untimed read by each)."""
     m = manager(fresh(work))
     save(m, 1, state())[1].result()
     with torch.no_grad():
@@ -239,11 +240,19 @@ def second_save(work: Path, state: Callable[[], Any], step: Callable[[], object]
         finally:
             reader.close()
 
+    def load() -> float:
+        return clock(lambda: torch.load(work / "t.pt", weights_only=True))
+
+    # The first read after the saves meets the memory they freed (on a VM, pages the host may have taken back),
+    # whichever reader it is: 0.50-0.74 s against 0.13-0.17 s for either (7 December). Timed ABBA alone gave
+    # that slot to restore every time, so each reads once untimed first, then ABBA.
+    for untimed in (load, restore):
+        give_memory_back()
+        untimed()
     times: dict[str, list[float]] = {"restore": [], "load": []}
-    for name in ("restore", "load", "load", "restore"):  # ABBA: the first to run after a save meets the memory
-        give_memory_back()  # the save freed (on a VM, pages the host may have taken back), not the second
-        times[name].append(restore() if name == "restore" else clock(lambda: torch.load(work / "t.pt",
-                                                                                         weights_only=True)))
+    for name in ("restore", "load", "load", "restore"):
+        give_memory_back()
+        times[name].append(restore() if name == "restore" else load())
     m.close()
     shutil.rmtree(work, ignore_errors=True)
     return res, statistics.mean(times["restore"]), statistics.mean(times["load"])
@@ -302,9 +311,9 @@ def training_loop(work: Path, nbytes: int, steps: int, every: int,
     leftover after the loop counted too), minus its time without, over the saves. This counts what the
     background writer takes from the loop's CPUs. Modes: no checkpoint; torch.save; save(guard=False) (the whole
     snapshot copied before save returns); save() with its default guard (the optimizer's tensors copied while
-    the next forward/backward runs). Each Sentinel mode first makes WARMUP_SAVES saves, untimed, as a long
-    job would have. Also, per mode, the same per round: the spread; and the process's CPU seconds per round
-    (LOOP_CPU), steadier than wall time when other work shares the machine."""
+    the next forward/backward runs). Each Sentinel mode first saves, untimed, until WARMUP_SAVES saves were
+    written (not coalesced), as a long job would have. Also, per mode, the same per round: the spread; and the
+    process's CPU seconds per round (LOOP_CPU), steadier than wall time when other work shares the machine."""
     d = 2048
     torch.manual_seed(0)
     model = nn.Sequential(*[nn.Linear(d, d) for _ in range(max(1, round(nbytes / (3 * 4 * (d * d + d)))))])
@@ -329,12 +338,18 @@ def training_loop(work: Path, nbytes: int, steps: int, every: int,
 
     def sentinel(guard: bool) -> float:
         m = manager(fresh(work / "loop"), guard=guard)
-        warmup = WARMUP_SAVES * every
-        run(lambda i: m.save(i, state()), 1, warmup)
-        m.wait()
+        # Until WARMUP_SAVES saves were written, not coalesced: with fewer than keep_last + 1 written no
+        # retired pack is there to be overwritten, and the timed loop's first write then fills a new file
+        # (7 December: 480 MiB written in 5.9 s against 0.1-0.8 s into a spare, 7 saves coalesced meanwhile).
+        first, last = 1, 4 * WARMUP_SAVES * every  # bounded
+        while first == 1 or ((first - 1) // every - m.saves_coalesced < WARMUP_SAVES and first <= last):
+            count = WARMUP_SAVES * every if first == 1 else every
+            run(lambda i: m.save(i, state()), first, count)
+            m.wait()
+            first += count
         coalesced = m.saves_coalesced
         cpu = time.process_time()
-        seconds = run(lambda i: m.save(i, state()), warmup + 1)
+        seconds = run(lambda i: m.save(i, state()), first)
         seconds += clock(m.wait)  # the write still in flight when the loop ends
         LOOP_CPU.setdefault(f"{torch.get_num_threads()} {'save() (guarded)' if guard else 'save(guard=False)'}",
                             []).append(time.process_time() - cpu)  # the timed part only, as the wall time
@@ -466,8 +481,10 @@ def main() -> int:
             assert got is not None and got.step == 103 and digests(got.state) == expected, "restored other bytes"
             return seconds
 
-        loads = rounds({"restore": restore,
-                        "torch.load": lambda: clock(lambda: torch.load(work / "t.pt", weights_only=True))}, r)
+        readers = {"restore": restore,
+                   "torch.load": lambda: clock(lambda: torch.load(work / "t.pt", weights_only=True))}
+        rounds(readers, 1)  # untimed: the first read after the state was freed meets pages the host took back
+        loads = rounds(readers, r)  # (either reader; rotated rounds of 3 gave restore that slot twice)
         say(f"  restore {secs(loads['restore'])}; torch.load {secs(loads['torch.load'])}")
         m.close()
         shutil.rmtree(work / "sentinel")
