@@ -29,10 +29,10 @@ Sentinel writes to its local tier (LocalDirStore: no fsync), `catalog=False`.
    Sentinel mode first saves untimed until 5 saves were written (buffers allocated, retired packs recycled
    as spares), then the timed loop runs until its last save is written. Loop time with saves minus without,
    per save, for torch.save, save(guard=False) and save() with its default guard, which copies the parameters
-   and Adam's state on a stage thread while the next forward and backward run and makes optimizer.step() wait
-   for that copy. This includes the CPU the background writer takes from the loop: run with all of torch's
-   threads computing, and with one fewer (the writer then has a core, as the checkpointer has the host CPUs on
-   a GPU node).
+   and Adam's state on a stage thread (in steady state: writes them straight into a spare pack) while the next
+   forward and backward run and makes optimizer.step() wait for that. This includes the CPU the background
+   writer takes from the loop: run with all of torch's threads computing, and with one fewer (the writer then
+   has a core, as the checkpointer has the host CPUs on a GPU node).
    Target: save() (guarded) ≤ 0.2× torch.save.
 4. Restore: `restore()` by a fresh manager (as after a restart: its store's index not loaded yet) of the full
    state, every chunk's digest verified, against `torch.load` of torch.save's file (weights_only=True); and

@@ -130,6 +130,7 @@ class CheckpointManager:
         self._snapshotted = threading.Event()
         self._on_stage_thread = threading.local()
         self._written_direct: set[str] = set()  # tensors a first save wrote straight to the local tier
+        self._direct = saving.DirectWrites()
         self._snapshotted.set()
         self._waiting_since: float | None = None  # when a guarded step() began to wait for it
         self._collected: set[tuple[int, int | None]] = set()  # retired (step, attempt)s already collected
@@ -247,13 +248,13 @@ class CheckpointManager:
         try:
             self._slot = job.slot
             self._on_stage_thread.active = True  # its copies use this thread alone (saving.stage)
-            direct = self._write_direct(job, job.later)
+            direct = self._write_direct(job, job.later, steady=True)
             for name, value in job.later.items():
                 if name not in direct:
                     job.snapshot[name] = self._stage(name, value)
             guarding.check_versions(self, job)
         except BaseException as exc:
-            saving.release(job)
+            saving.release(job, self.local)
             job.future.set_exception(exc)
             return
         finally:
@@ -264,16 +265,24 @@ class CheckpointManager:
                 job.stall += done - waiting_since if waiting_since is not None else 0.0
         self._writer.submit(self._run, job)
 
-    def _write_direct(self, job: saving.Job, tensors: dict[str, Any]) -> set[str]:
+    def _write_direct(self, job: saving.Job, tensors: dict[str, Any], *, steady: bool = False) -> set[str]:
         """A save with nothing in flight, due on the local tier alone, writes the tensors it has never saved straight
-        into it (a first save: one pass instead of a copy into fresh memory and a write); later saves copy them."""
+        into it (a first save: one pass instead of a copy into fresh memory and a write). Later saves copy them,
+        except the stage thread's guarded ones while saving.DirectWrites allows (`steady`)."""
         if len(job.stores) != 1 or job.stores[0] is not self.local or self.write_bytes_per_second:
             return set()  # (a paced write belongs on the writer thread)
-        unbuffered = saving.unbuffered(self._staging[job.slot], tensors, self._written_direct)
+        unbuffered, measured = saving.unbuffered(self._staging[job.slot], tensors, self._written_direct), False
+        if steady and not unbuffered:
+            candidates = saving.unbuffered({}, tensors, set(), steady=True)
+            if self._direct.allowed(self.local, candidates):
+                unbuffered, measured = candidates, True
         if not unbuffered:
             return set()
         try:
+            started, before = time.perf_counter(), job.direct_written[1]
             saving.write_direct(job, self.local, unbuffered, self._chunking)
+            if measured:
+                self._direct.wrote(job.step, job.direct_written[1] - before, time.perf_counter() - started)
         except (OSError, TimeoutError) as exc:  # copied instead: the writer thread meets it and reports it
             log.debug("checkpoint direct write failed, copying instead: step=%d error=%s", job.step, exc)
             if not job.direct:

@@ -36,6 +36,9 @@ SLOTS = 2  # buffer sets: the one being written and the newest pending snapshot
 WRITER_NICENESS = 10  # added to the writer thread's nice value (19: the least CPU share)
 WHOLE_DIGEST_BELOW = 256 << 10  # tensors cut smaller than this also get digests of whole segments
 SEGMENT_BYTES = 16 << 20  # (restore verifies the segments in parallel, not 100,000s of chunks one by one)
+DIRECT_MIN_BYTES_PER_SECOND = 1e9  # DirectWrites: into cached pages 4-8 GB/s here, a new file 0.4
+DIRECT_SLACK_SECONDS = 0.02  # what a small write's files cost whatever its size
+DIRECT_BACKOFF_SAVES = 10
 
 
 @dataclass(eq=False)
@@ -55,6 +58,7 @@ class Job:
     order: list[str] = field(default_factory=list)  # tensor names as flattened (the manifest's order)
     direct: dict[str, chunks.TensorSpec] = field(default_factory=dict)  # written straight to the local tier
     direct_written: tuple[int, int] = (0, 0)  # their (chunks, bytes) written
+    direct_packs: list[tuple[str, list[str]]] = field(default_factory=list)  # (pack, digests) of those writes
     lock_fd: int | None = None  # the local tier's shared lock, held from the first direct write to the manifest
 
 
@@ -93,14 +97,16 @@ def stage(staging: dict[str, Any], name: str, value: Any, *, one_thread: bool = 
     return buffer
 
 
-def unbuffered(staging: dict[str, Any], tensors: dict[str, Any], before: set[str]) -> dict[str, Any]:
+def unbuffered(staging: dict[str, Any], tensors: dict[str, Any], before: set[str], *,
+               steady: bool = False) -> dict[str, Any]:
     """The CPU tensors never saved `before` that have no host buffer in `staging` (a first save): copying them
-    would first fault in fresh memory, about as slow as writing them, and then they would be written anyway."""
+    would first fault in fresh memory, about as slow as writing them, and then they would be written anyway.
+    `steady`: every CPU tensor (the stage thread's guarded ones, which nothing changes until it is done)."""
     out = {}
     for name, value in tensors.items():
         buffer: Any = staging.get(name)
-        if name in before or (type(buffer) is type(value) and buffer.shape == value.shape
-                              and buffer.dtype == value.dtype):
+        if not steady and (name in before or (type(buffer) is type(value) and buffer.shape == value.shape
+                                              and buffer.dtype == value.dtype)):
             continue
         if isinstance(value, np.ndarray):
             if value.size and value.flags.c_contiguous:
@@ -117,15 +123,47 @@ def write_direct(job: Job, store: Any, tensors: dict[str, Any], chunking: dict[s
         job.lock_fd = store.hold_shared()
         store.refresh()
     specs, pieces = cut_snapshot(tensors, chunking)
-    n, nbytes = store.write_pack(pieces)
+    n, nbytes = store.write_pack(pieces, wrote=job.direct_packs)
     job.direct.update((spec.name, spec) for spec in specs)
     job.direct_written = (job.direct_written[0] + n, job.direct_written[1] + nbytes)
 
 
-def release(job: Job) -> None:
+def release(job: Job, store: Any = None) -> None:
+    """The local tier's lock from the direct writes. With `store` (the save failed), the chunks they wrote are
+    not to be named by a later save: a tensor changed while it was written may not match its digests."""
+    if store is not None:
+        for _, digests in job.direct_packs:
+            store.distrust(digests)
     if job.lock_fd is not None:
         os.close(job.lock_fd)
         job.lock_fd = None
+
+
+class DirectWrites:
+    """Whether the stage thread writes the guarded CPU tensors straight into the local tier in steady state
+    (one pass over them, not a copy into buffers and a write of the copy later; the guarded step() waits for
+    it as it waits for the copy): while a spare pack can take (most of) them (overwriting cached pages) and
+    the last such write ran at DIRECT_MIN_BYTES_PER_SECOND or more (give or take DIRECT_SLACK_SECONDS). After
+    a slower one (a page cache that must first be written back, a real disk) the next DIRECT_BACKOFF_SAVES
+    saves copy instead."""
+
+    def __init__(self) -> None:
+        self.backoff = 0
+        self.writes = 0  # steady direct writes made
+
+    def allowed(self, store: Any, tensors: dict[str, Any]) -> bool:
+        if self.backoff:
+            self.backoff -= 1
+            return False
+        nbytes = sum(len(bytes_of(v)) for v in tensors.values())  # (chunks the store has are not written again:
+        return bool(nbytes) and store.largest_spare() >= 0.9 * nbytes  # a spare is a little short of them all)
+
+    def wrote(self, step: int, nbytes: int, seconds: float) -> None:
+        self.writes += 1
+        if seconds > DIRECT_SLACK_SECONDS + nbytes / DIRECT_MIN_BYTES_PER_SECOND:
+            self.backoff = DIRECT_BACKOFF_SAVES
+            log.info("checkpoint direct writes paused: step=%d wrote %d bytes at %.2f GB/s; the next %d saves "
+                     "copy first", step, nbytes, nbytes / seconds / 1e9, DIRECT_BACKOFF_SAVES)
 
 
 def bytes_of(buffer: Any) -> memoryview:

@@ -59,6 +59,7 @@ class CheckpointStore:
         self.manifests = self.root / "manifests"
         self._index = ChunkIndex()
         self._loaded: set[str] = set()
+        self._untrusted: set[str] = set()  # see distrust()
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({str(self.root)!r}, node={self.node!r})"
@@ -150,23 +151,38 @@ class CheckpointStore:
         return self._index.get(digest_hex)
 
     # -- writing ---------------------------------------------------------------------------------------
-    def write_pack(self, chunks: Iterable[tuple[str, memoryview]], *,
-                   pace: Callable[[int], None] | None = None) -> tuple[int, int]:
+    def write_pack(self, chunks: Iterable[tuple[str, memoryview]], *, pace: Callable[[int], None] | None = None,
+                   wrote: list[tuple[str, list[str]]] | None = None) -> tuple[int, int]:
         """Write the chunks this store lacks into one new pack (over a spare when there is one); returns
-        (chunks, bytes) written. A disk that fills up while spares hold space gets them back and is tried again."""
+        (chunks, bytes) written, and appends (pack, digests) to `wrote`. A disk that fills up while spares hold
+        space gets them back and is tried again."""
         lacking = self._lacking(chunks) if isinstance(chunks, list) else chunks
         had_spares = isinstance(lacking, list) and self.packs.is_dir() and any(self.packs.glob("*.spare"))
         try:
-            return self._write_pack(lacking, pace)
+            return self._write_pack(lacking, pace, wrote)
         except CheckpointStoreError as exc:
             if exc.errno not in (errno.ENOSPC, errno.EDQUOT) or not had_spares:
                 raise
             self.drop_spares()
             log.warning("checkpoint store %s is full: its spare packs were deleted, writing again", self.root)
-            return self._write_pack(lacking, pace)
+            return self._write_pack(lacking, pace, wrote)
 
-    def _write_pack(self, chunks: Iterable[tuple[str, memoryview]],
-                    pace: Callable[[int], None] | None) -> tuple[int, int]:
+    def distrust(self, digests: list[str]) -> None:
+        """Chunks this process wrote for a save that then failed (their bytes may not match their digests): a
+        later save writes its own copy of each rather than name these. They stay indexed, so collection still
+        sees who names them (another process sharing the store may have) and deletes them once no one does."""
+        self._untrusted.update(digests)
+
+    def largest_spare(self) -> int:
+        """The bytes of the largest spare pack (0 for none): a write that fits overwrites cached pages."""
+        sizes = [0]
+        for path in self.packs.glob("*.spare") if self.packs.is_dir() else ():
+            with contextlib.suppress(FileNotFoundError):
+                sizes.append(path.stat().st_size)
+        return max(sizes)
+
+    def _write_pack(self, chunks: Iterable[tuple[str, memoryview]], pace: Callable[[int], None] | None,
+                    wrote: list[tuple[str, list[str]]] | None = None) -> tuple[int, int]:
         self._ensure()
         pack = uuid.uuid4().hex
         pack_path, idx_path = self.packs / f"{pack}.pack", self.packs / f"{pack}.idx"
@@ -197,8 +213,12 @@ class CheckpointStore:
             finally:
                 os.close(fd)
             self._write_atomic(idx_path, IDX_MAGIC + table.tobytes())
-            self._index.add(pack, [d for d, _ in lacking], table["offset"], table["length"])
+            digests = [d for d, _ in lacking]
+            self._index.add(pack, digests, table["offset"], table["length"])
             self._loaded.add(pack)
+            self._untrusted.difference_update(digests)  # indexed now in this pack, written whole
+            if wrote is not None:
+                wrote.append((pack, digests))
         except OSError as exc:
             for path in (pack_path, idx_path):
                 with contextlib.suppress(OSError):
@@ -211,8 +231,9 @@ class CheckpointStore:
         """The chunks not in the store, each once."""
         out: list[tuple[str, memoryview]] = []
         seen: set[str] = set()
+        index, untrusted = self._index, self._untrusted
         for digest_hex, data in chunks:
-            if digest_hex not in self._index and digest_hex not in seen:
+            if (digest_hex not in index or (untrusted and digest_hex in untrusted)) and digest_hex not in seen:
                 seen.add(digest_hex)
                 out.append((digest_hex, data))
         return out
