@@ -26,6 +26,13 @@ class GatedStage(CheckpointManager):
         super()._stage_later(job)
 
 
+@pytest.fixture
+def unhurried(monkeypatch: pytest.MonkeyPatch) -> None:
+    """No write counts as slow: on a loaded machine a 0.8 MB write can take 20 ms and pause the direct writes
+    (test_a_slow_direct_write_makes_the_next_saves_copy is about that)."""
+    monkeypatch.setattr(saving, "DIRECT_SLACK_SECONDS", 60.0)
+
+
 def options(tmp_path: Path) -> dict[str, Any]:
     return {"job_id": JOB, "rank": 0, "node": "node-a", "local_dir": str(tmp_path / "{node}"), "catalog": False,
             "keep_last": 1}
@@ -49,7 +56,7 @@ def snapshot(model: Any, optimizer: Any) -> dict[str, Any]:
     return {"model": model.state_dict(), "optim": optimizer.state_dict()}
 
 
-def test_in_steady_state_guarded_tensors_go_straight_into_a_spare_pack(tmp_path: Path):
+def test_in_steady_state_guarded_tensors_go_straight_into_a_spare_pack(tmp_path: Path, unhurried: None):
     torch = pytest.importorskip("torch")
     m = CheckpointManager(**options(tmp_path))
     model, optimizer, step = train(torch)
@@ -82,7 +89,7 @@ def test_a_slow_direct_write_makes_the_next_saves_copy(tmp_path: Path):
     assert not direct.allowed(small, tensors), "no spare holds them: copying beats filling a new file"
 
 
-def test_chunks_written_by_a_save_that_failed_are_written_again_not_named(tmp_path: Path):
+def test_chunks_written_by_a_save_that_failed_are_written_again_not_named(tmp_path: Path, unhurried: None):
     torch = pytest.importorskip("torch")
     m = GatedStage(**options(tmp_path))
     m.gate = threading.Event()
