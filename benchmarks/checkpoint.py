@@ -310,10 +310,11 @@ def training_loop(work: Path, nbytes: int, steps: int, every: int,
     state: the loop's time with saves every `every` steps, until its last save is written (the writer's
     leftover after the loop counted too), minus its time without, over the saves. This counts what the
     background writer takes from the loop's CPUs. Modes: no checkpoint; torch.save; save(guard=False) (the whole
-    snapshot copied before save returns); save() with its default guard (the optimizer's tensors copied while
-    the next forward/backward runs). Each Sentinel mode first saves, untimed, until WARMUP_SAVES saves were
-    written (not coalesced), as a long job would have. Also, per mode, the same per round: the spread; and the
-    process's CPU seconds per round (LOOP_CPU), steadier than wall time when other work shares the machine."""
+    snapshot copied before save returns); save() with its default guard (the optimizer's tensors copied, or in
+    steady state written straight into the store, while the next forward/backward runs). Each Sentinel mode first
+    saves, untimed, until WARMUP_SAVES saves were written (not coalesced), as a long job would have. Also, per mode,
+    the same per round: the spread; and the process's CPU seconds per round (LOOP_CPU), steadier than wall time when
+    other work shares the machine."""
     d = 2048
     torch.manual_seed(0)
     model = nn.Sequential(*[nn.Linear(d, d) for _ in range(max(1, round(nbytes / (3 * 4 * (d * d + d)))))])
