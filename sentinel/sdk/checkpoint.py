@@ -273,7 +273,7 @@ class CheckpointManager:
             return set()  # (a paced write belongs on the writer thread)
         unbuffered, measured = saving.unbuffered(self._staging[job.slot], tensors, self._written_direct), False
         if steady and not unbuffered:
-            candidates = saving.unbuffered({}, tensors, set(), steady=True)
+            candidates = saving.writable(tensors)
             if self._direct.allowed(self.local, candidates):
                 unbuffered, measured = candidates, True
         if not unbuffered:

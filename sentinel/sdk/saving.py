@@ -97,17 +97,23 @@ def stage(staging: dict[str, Any], name: str, value: Any, *, one_thread: bool = 
     return buffer
 
 
-def unbuffered(staging: dict[str, Any], tensors: dict[str, Any], before: set[str], *,
-               steady: bool = False) -> dict[str, Any]:
+def unbuffered(staging: dict[str, Any], tensors: dict[str, Any], before: set[str]) -> dict[str, Any]:
     """The CPU tensors never saved `before` that have no host buffer in `staging` (a first save): copying them
-    would first fault in fresh memory, about as slow as writing them, and then they would be written anyway.
-    `steady`: every CPU tensor (the stage thread's guarded ones, which nothing changes until it is done)."""
-    out = {}
+    would first fault in fresh memory, about as slow as writing them, and then they would be written anyway."""
+    fresh = {}
     for name, value in tensors.items():
         buffer: Any = staging.get(name)
-        if not steady and (name in before or (type(buffer) is type(value) and buffer.shape == value.shape
-                                              and buffer.dtype == value.dtype)):
-            continue
+        if name not in before and not (type(buffer) is type(value) and buffer.shape == value.shape
+                                       and buffer.dtype == value.dtype):
+            fresh[name] = value
+    return writable(fresh)
+
+
+def writable(tensors: dict[str, Any]) -> dict[str, Any]:
+    """The tensors (and arrays) that can be hashed and written from where they lie: on the CPU, contiguous,
+    not empty."""
+    out = {}
+    for name, value in tensors.items():
         if isinstance(value, np.ndarray):
             if value.size and value.flags.c_contiguous:
                 out[name] = value

@@ -12,18 +12,9 @@ import pytest
 
 from sentinel.sdk import saving
 from sentinel.sdk.checkpoint import CheckpointError, CheckpointManager
+from tests.sdk.test_checkpoint_busy import GatedStage
 
 JOB = 11
-
-
-class GatedStage(CheckpointManager):
-    """While `gate` is clear, the stage thread's work waits: the test changes a tensor first."""
-
-    gate = threading.Event()
-
-    def _stage_later(self, job: Any) -> None:
-        self.gate.wait(10)
-        super()._stage_later(job)
 
 
 @pytest.fixture
