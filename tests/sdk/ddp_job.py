@@ -11,6 +11,7 @@ import os
 import sys
 import time
 
+import psutil
 import torch
 import torch.distributed as dist
 from torch import nn
@@ -44,6 +45,7 @@ with profile(activities=[ProfilerActivity.CPU]) as prof:
             optimizer.step()
             optimizer.zero_grad()
         step_seconds += time.perf_counter() - started
+    rss_after_steps = psutil.Process().memory_info().rss  # a floor for the peak the SDK reported
 # The union of the profiler's gloo all-reduce intervals: buckets overlap, so their sum would double count.
 intervals = sorted((e.time_range.start, e.time_range.end) for e in prof.events() if e.name == "gloo:all_reduce")
 gloo, reach = 0.0, float("-inf")
@@ -54,7 +56,8 @@ for start, end in intervals:
 tel.flush()
 out = os.path.join(os.environ["OUT_DIR"], f"rank{rank}.json")
 with open(out + ".tmp", "w") as fh:
-    json.dump({"gloo_allreduce_seconds": gloo, "step_seconds": step_seconds, "steps": steps}, fh)
+    json.dump({"gloo_allreduce_seconds": gloo, "step_seconds": step_seconds, "steps": steps,
+               "rss_after_steps": rss_after_steps}, fh)
 os.replace(out + ".tmp", out)
 print(f"rank {rank} done: {steps} steps", file=sys.stderr, flush=True)
 time.sleep(120)

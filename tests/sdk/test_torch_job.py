@@ -10,7 +10,6 @@ import sys
 import time
 from pathlib import Path
 
-import psutil
 import pytest
 
 from collectors.agent import Agent, AgentConfig
@@ -19,6 +18,13 @@ from tests.live import LiveServer, free_port, wait_for
 torch = pytest.importorskip("torch", reason="torch tests need the [torch] extra (torch==2.13.0)")
 pytestmark = [pytest.mark.torch, pytest.mark.slow]
 STEPS = 80
+
+
+def high_water_mark(pid: int) -> int:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) * 1024
+    raise AssertionError(f"no VmHWM for pid {pid}")
 
 
 def test_ddp_job_signals_and_a_killed_rank(tmp_path: Path):
@@ -67,8 +73,11 @@ def test_ddp_job_signals_and_a_killed_rank(tmp_path: Path):
             print(f"rank {r['rank']}: allreduce share {r['allreduce_time_ratio']:.3f} vs profiler {independent:.3f}")
             assert 0 < r["allreduce_time_ratio"] < 1
             assert abs(r["allreduce_time_ratio"] - independent) <= 0.10 * independent, (r, own)
-            rss = psutil.Process(ranks[r["rank"]].pid).memory_info().rss
-            assert abs(r["memory_peak_bytes"] - rss) <= 0.15 * rss, (r["memory_peak_bytes"], rss)
+            # The reported peak lies between the rank's RSS after its steps and its high-water mark now
+            # (the profiler's event processing after the loop may raise it; a peak taken from the
+            # parent's ru_maxrss, or a stale or empty one, falls outside).
+            hwm = high_water_mark(ranks[r["rank"]].pid)
+            assert own["rss_after_steps"] <= r["memory_peak_bytes"] <= hwm, (r["memory_peak_bytes"], own, hwm)
         print("job metrics:", json.dumps({k: v for k, v in metrics.items() if k != "ranks"}))
         assert 0 < metrics["mfu_ratio"] <= 1, metrics
         assert metrics["step_seconds_p50"] <= metrics["step_seconds_p95"]
