@@ -1,7 +1,7 @@
 """Checkpoint benchmark: the SDK's CheckpointManager against torch.save, torch.distributed.checkpoint and dd.
 
     PYTHONPATH=. python benchmarks/checkpoint.py [--gib 1] [--scenario-gib 0.25] [--repeats 3] [--dir DIR]
-        [--loop-gib 0.5] [--loop-steps 30] [--loop-rounds 5] [--no-record | --record PATH]
+        [--loop-gib 0.5] [--loop-steps 30] [--loop-rounds 7] [--no-record | --record PATH]
 
 One process, CPU torch tensors, every baseline measured in the same run: each contender runs once per round,
 the order rotated every round; medians are reported (the machine is noisy). The state is a model plus
@@ -26,13 +26,15 @@ Sentinel writes to its local tier (LocalDirStore: no fsync), `catalog=False`.
    a small dense head changed everywhere (target ≤ 0.05×); the same with 1% contiguous rows.
 5. The stall a real training loop sees (forward, backward, Adam on a Linear stack of `--loop-gib` GiB of
    model + Adam state, `--loop-steps` steps, a save every 3, `--loop-rounds` rounds), in steady state: each
-   Sentinel mode first saves untimed until 5 saves were written (buffers allocated, retired packs recycled
-   as spares), then the timed loop runs until its last save is written. Loop time with saves minus without,
-   per save, for torch.save, save(guard=False) and save() with its default guard, which copies the parameters
-   and Adam's state on a stage thread (in steady state: writes them straight into a spare pack) while the next
-   forward and backward run and makes optimizer.step() wait for that. This includes the CPU the background
-   writer takes from the loop: run with all of torch's threads computing, and with one fewer (the writer then
-   has a core, as the checkpointer has the host CPUs on a GPU node).
+   Sentinel mode's manager first saves untimed until 5 saves were written (buffers allocated, retired packs
+   recycled as spares) and is then kept across the rounds, as a long job keeps it; a timed run goes on until
+   its last save is written. Per round, loop time with saves minus the same round's loop without, per save
+   (paired: the machine's speed drifts over minutes), for torch.save, save(guard=False) and save() with its
+   default guard, which copies the parameters and Adam's state on a stage thread (in steady state: writes them
+   straight into a spare pack) while the next forward and backward run and makes optimizer.step() wait for
+   that; the median over rounds is reported. This includes the CPU the background writer takes from the loop:
+   run with all of torch's threads computing, and with one fewer (the writer then has a core, as the
+   checkpointer has the host CPUs on a GPU node).
    Target: save() (guarded) ≤ 0.2× torch.save.
 4. Restore: `restore()` by a fresh manager (as after a restart: its store's index not loaded yet) of the full
    state, every chunk's digest verified, against `torch.load` of torch.save's file (weights_only=True); and
@@ -337,35 +339,41 @@ def training_loop(work: Path, nbytes: int, steps: int, every: int,
                 save(i)
         return time.perf_counter() - started
 
-    def sentinel(guard: bool) -> float:
-        m = manager(fresh(work / "loop"), guard=guard)
-        # Until WARMUP_SAVES saves were written, not coalesced: with fewer than keep_last + 1 written no
-        # retired pack is there to be overwritten, and the timed loop's first write then fills a new file
-        # (7 December: 480 MiB written in 5.9 s against 0.1-0.8 s into a spare, 7 saves coalesced meanwhile).
+    def warmed(guard: bool) -> tuple[CheckpointManager, list[int]]:
+        """A manager in steady state, and the next step it saves: untimed saves until WARMUP_SAVES were written,
+        not coalesced. With fewer than keep_last + 1 written no retired pack is there to be overwritten, and the
+        timed loop's first write then fills a new file (7 December: 480 MiB written in 5.9 s against 0.1-0.8 s
+        into a spare, 7 saves coalesced meanwhile)."""
+        m = manager(fresh(work / f"loop-{'guarded' if guard else 'unguarded'}"), guard=guard)
         first, last = 1, 4 * WARMUP_SAVES * every  # bounded
         while first == 1 or ((first - 1) // every - m.saves_coalesced < WARMUP_SAVES and first <= last):
             count = WARMUP_SAVES * every if first == 1 else every
             run(lambda i: m.save(i, state()), first, count)
             m.wait()
             first += count
-        coalesced = m.saves_coalesced
+        return m, [first]
+
+    def sentinel(guard: bool, m: CheckpointManager, next_step: list[int]) -> float:
+        """One timed run of the loop with this manager's saves, its steps after the last run's."""
+        first, coalesced = next_step[0], m.saves_coalesced
         cpu = time.process_time()
         seconds = run(lambda i: m.save(i, state()), first)
         seconds += clock(m.wait)  # the write still in flight when the loop ends
         LOOP_CPU.setdefault(f"{torch.get_num_threads()} {'save() (guarded)' if guard else 'save(guard=False)'}",
                             []).append(time.process_time() - cpu)  # the timed part only, as the wall time
         COALESCED.setdefault(f"{torch.get_num_threads()} {guard}", []).append(m.saves_coalesced - coalesced)
-        m.close()
+        next_step[0] = first + steps
         return seconds
 
     step()  # Adam's state exists from here on
     torch.save(state(), work / "l.pt")  # its file exists, as it would after the first save of a long job
+    unguarded, guarded = warmed(False), warmed(True)  # each kept in steady state across the rounds
     modes: dict[str, Callable[[], float]] = {
         "no checkpoint": lambda: run(None), "torch.save": lambda: run(lambda _: torch.save(state(), work / "l.pt")),
-        "save(guard=False)": lambda: sentinel(False), "save() (guarded)": lambda: sentinel(True)}
+        "save(guard=False)": lambda: sentinel(False, *unguarded), "save() (guarded)": lambda: sentinel(True, *guarded)}
     def cpu_timed(name: str, run_mode: Callable[[], float]) -> Callable[[], float]:
         if name.startswith("save"):
-            return run_mode  # sentinel() times its own loop, not its warm-up
+            return run_mode  # sentinel() times its own CPU (the managers' warm-up is not in the rounds)
 
         def timed() -> float:
             started = time.process_time()
@@ -375,17 +383,22 @@ def training_loop(work: Path, nbytes: int, steps: int, every: int,
         return timed
 
     measured = rounds({name: cpu_timed(name, run_mode) for name, run_mode in modes.items()}, repeats)
-    times = {name: statistics.median(values) for name, values in measured.items()}
+    for m, _ in (unguarded, guarded):
+        m.close()
     saves = steps // every
+    # Paired: each mode against the loop without checkpoints in the same round (tens of seconds apart, not
+    # minutes): that loop alone took 4.7-7.9 s for the same work within minutes on these VMs.
     per_round = {name: [(t - none) / saves for t, none in zip(values, measured["no checkpoint"], strict=True)]
                  for name, values in measured.items() if name != "no checkpoint"}
-    return {name: (t - times["no checkpoint"]) / saves for name, t in times.items() if name != "no checkpoint"} | {
-        "step": times["no checkpoint"] / steps, "size": float(sum(t.numel() * 4 for t in tensors(state())))}, per_round
+    return {name: statistics.median(values) for name, values in per_round.items()} | {
+        "step": statistics.median(measured["no checkpoint"]) / steps,
+        "size": float(sum(t.numel() * 4 for t in tensors(state())))}, per_round
 
 
 def cpu_added(threads: int, mode: str, saves: int) -> float:
-    return (statistics.median(LOOP_CPU[f"{threads} {mode}"])
-            - statistics.median(LOOP_CPU[f"{threads} no checkpoint"])) / saves
+    """The process's CPU seconds a save adds: the median over rounds of each round's difference."""
+    return statistics.median((cpu - none) / saves for cpu, none in zip(
+        LOOP_CPU[f"{threads} {mode}"], LOOP_CPU[f"{threads} no checkpoint"], strict=True))
 
 
 def verdict(ratio: float, target: str) -> str:
@@ -409,8 +422,9 @@ def record(args: argparse.Namespace, loop: dict[str, float], per_round: dict[str
               f"{load()} at the end (another engineer's tests sharing the machine), medians of {args.repeats} "
               "rotated rounds, Sentinel's local tier (LocalDirStore, no fsync), page cache not dropped")
     in_loop = (f"{common}; seconds a save adds to a forward/backward/Adam loop on a Linear 2048×2048 stack of "
-               f"{loop_gib:.3f} GiB model + Adam state, a save every 3 of {args.loop_steps} steps after 5 untimed "
-               f"saves (steady state), until the last save is written, medians of {args.loop_rounds} rounds, all "
+               f"{loop_gib:.3f} GiB model + Adam state, a save every 3 of {args.loop_steps} steps, a manager kept "
+               f"across the rounds after 5 untimed saves (steady state), until the last save is written, medians "
+               f"over {args.loop_rounds} rounds of each round's difference from the loop without saves, all "
                f"{threads} torch threads computing (the writer shares the loop's cores), divided by that state's "
                "GiB.")
     restore = (f"{common}; restore() by a fresh manager of the last full save of a {gib:.3f} GiB model + Adam-like "
@@ -436,7 +450,7 @@ def main() -> int:
     parser.add_argument("--dir", type=Path, default=None, help="where to write (default: a temp dir under /tmp)")
     parser.add_argument("--loop-gib", type=float, default=0.5, help="model + Adam state of the training-loop run")
     parser.add_argument("--loop-steps", type=int, default=30, help="steps per training-loop run (a save every 3)")
-    parser.add_argument("--loop-rounds", type=int, default=5, help="rounds of the training-loop runs")
+    parser.add_argument("--loop-rounds", type=int, default=7, help="rounds of the training-loop runs")
     parser.add_argument("--writer-niceness", type=int, default=10, help="CheckpointManager(writer_niceness=)")
     add_record_arguments(parser)
     args = parser.parse_args()
