@@ -209,3 +209,26 @@ def _pread(store: CheckpointStore, fds: dict[str, int], pack: str, offset: int, 
     except OSError as exc:
         raise CheckpointStoreError(exc.errno or errno.EIO, f"reading {store.packs / f'{pack}.pack'}: "
                                                            f"{exc.strerror or exc}") from exc
+
+
+def read_chunk(store: CheckpointStore, digest_hex: str, into: memoryview | None = None) -> memoryview:
+    """One chunk's bytes from its pack (into `into` when given: it must be the chunk's length); not verified."""
+    ref = store.chunk_ref(digest_hex)
+    if ref is None:
+        raise CheckpointStoreError(errno.ENOENT, f"chunk {digest_hex} is in no pack under {store.packs}")
+    path = store.packs / f"{ref.pack}.pack"
+    if into is not None and len(into) != ref.length:
+        raise CheckpointStoreError(errno.EIO, f"chunk {digest_hex} is {ref.length} bytes in {store.packs}, "
+                                              f"the manifest expects {len(into)}")
+    buffer = into if into is not None else memoryview(bytearray(ref.length))
+    try:
+        with open(path, "rb", buffering=0) as fh:
+            fh.seek(ref.offset)
+            got = fh.readinto(buffer)
+    except OSError as exc:
+        raise CheckpointStoreError(exc.errno or errno.EIO, f"reading chunk {digest_hex} from {path}: "
+                                                           f"{exc.strerror or exc}") from exc
+    if got != ref.length:
+        raise CheckpointStoreError(errno.EIO, f"chunk {digest_hex} in {path} is truncated "
+                                              f"({got} of {ref.length} bytes)")
+    return buffer

@@ -21,7 +21,7 @@ import logging
 import os
 import sys
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any
@@ -128,8 +128,8 @@ def write_direct(job: Job, store: Any, tensors: dict[str, Any], chunking: dict[s
     if job.lock_fd is None:
         job.lock_fd = store.hold_shared()
         store.refresh()
-    specs, pieces = cut_snapshot(tensors, chunking)
-    n, nbytes = store.write_pack(pieces, wrote=job.direct_packs)
+    specs, pieces = cut_lazily(tensors, chunking)  # hashed as written: each byte read from memory once
+    n, nbytes = store.write_pack(pieces, wrote=job.direct_packs, nbytes=sum(spec.nbytes for spec in specs))
     job.direct.update((spec.name, spec) for spec in specs)
     job.direct_written = (job.direct_written[0] + n, job.direct_written[1] + nbytes)
 
@@ -183,26 +183,39 @@ def bytes_of(buffer: Any) -> memoryview:
 
 def cut_snapshot(snapshot: dict[str, Any], chunking: dict[str, Any]
                  ) -> tuple[list[chunks.TensorSpec], list[tuple[str, memoryview]]]:
-    """Specs and (digest, bytes) pieces of a snapshot. A tensor cut into small chunks (embedding rows) also
-    gets a digest per ~16 MiB segment, so a restore verifies it a segment at a time (in parallel), not a row
-    at a time."""
+    """Specs and (digest, bytes) pieces of a snapshot, every piece hashed now."""
+    specs, pieces = cut_lazily(snapshot, chunking)
+    return specs, list(pieces)
+
+
+def cut_lazily(snapshot: dict[str, Any], chunking: dict[str, Any]
+               ) -> tuple[list[chunks.TensorSpec], Iterator[tuple[str, memoryview]]]:
+    """Specs and (digest, bytes) pieces of a snapshot, each piece hashed as it is iterated (a spec's digests are
+    complete once the pieces are spent): a writer that writes each piece soon after reads it from the CPU's
+    cache, not from memory again. A tensor cut into small chunks (embedding rows) also gets a digest per ~16 MiB
+    segment, so a restore verifies it a segment at a time (in parallel), not a row at a time."""
     specs: list[chunks.TensorSpec] = []
-    pieces: list[tuple[str, memoryview]] = []
+    cuts: list[tuple[chunks.TensorSpec, memoryview]] = []
     for name, buffer in snapshot.items():
         data = bytes_of(buffer)
         itemsize = buffer.itemsize if isinstance(buffer, np.ndarray) else buffer.element_size()
         size = chunks.chunk_bytes_for(name, list(buffer.shape), itemsize, **chunking)
         spec = chunks.TensorSpec(name=name, dtype=chunks.dtype_name(buffer), shape=list(buffer.shape),
                                  nbytes=len(data), chunk_bytes=size)
-        if size < WHOLE_DIGEST_BELOW and len(data) > size:
-            spec.segment_bytes = max(size, SEGMENT_BYTES // size * size)
-            spec.segments = [chunks.digest(segment) for segment in chunks.cut(data, spec.segment_bytes)]
-        for piece in chunks.cut(data, size):
-            d = chunks.digest(piece)
-            spec.chunks.append(d)
-            pieces.append((d, piece))
         specs.append(spec)
-    return specs, pieces
+        cuts.append((spec, data))
+
+    def pieces() -> Iterator[tuple[str, memoryview]]:
+        for spec, data in cuts:
+            if spec.chunk_bytes < WHOLE_DIGEST_BELOW and len(data) > spec.chunk_bytes:
+                spec.segment_bytes = max(spec.chunk_bytes, SEGMENT_BYTES // spec.chunk_bytes * spec.chunk_bytes)
+                spec.segments = [chunks.digest(segment) for segment in chunks.cut(data, spec.segment_bytes)]
+            for piece in chunks.cut(data, spec.chunk_bytes):
+                d = chunks.digest(piece)
+                spec.chunks.append(d)
+                yield d, piece
+
+    return specs, pieces()
 
 
 def pacer(bytes_per_second: float | None) -> Callable[[int], None] | None:

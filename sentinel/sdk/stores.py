@@ -22,6 +22,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import fcntl
+import itertools
 import logging
 import os
 import time
@@ -39,6 +40,7 @@ log = logging.getLogger("sentinel.sdk.checkpoint")
 IDX_MAGIC = b"SNTIDX1\n"
 WRITEV_MAX = 1024  # IOV_MAX on Linux
 WRITE_BATCH_BYTES = 64 << 20
+STREAM_BATCH_BYTES = 4 << 20  # a streamed write's batch: hashed just before, still in the CPU's cache
 IDX_RECORD = np.dtype([("digest", "S16"), ("offset", "<u8"), ("length", "<u4")])
 
 
@@ -152,11 +154,17 @@ class CheckpointStore:
 
     # -- writing ---------------------------------------------------------------------------------------
     def write_pack(self, chunks: Iterable[tuple[str, memoryview]], *, pace: Callable[[int], None] | None = None,
-                   wrote: list[tuple[str, list[str]]] | None = None) -> tuple[int, int]:
+                   wrote: list[tuple[str, list[str]]] | None = None, nbytes: int | None = None) -> tuple[int, int]:
         """Write the chunks this store lacks into one new pack (over a spare when there is one); returns
         (chunks, bytes) written, and appends (pack, digests) to `wrote`. A disk that fills up while spares hold
-        space gets them back and is tried again."""
-        lacking = self._lacking(chunks) if isinstance(chunks, list) else chunks
+        space gets them back and is tried again.
+
+        With `nbytes` (at least the chunks' bytes), `chunks` is streamed: each is written a few MiB after it was
+        iterated (saving.cut_lazily hashes it then, so its bytes are still in the CPU's cache when written: read
+        from memory once, not twice), and a full disk is not retried (the chunks are spent)."""
+        if nbytes is not None:
+            return self._write_pack(chunks, pace, wrote, nbytes)
+        lacking = list(self._fresh(chunks)) if isinstance(chunks, list) else chunks  # (read in _write_pack's try)
         had_spares = isinstance(lacking, list) and self.packs.is_dir() and any(self.packs.glob("*.spare"))
         try:
             return self._write_pack(lacking, pace, wrote)
@@ -182,61 +190,68 @@ class CheckpointStore:
         return max(sizes)
 
     def _write_pack(self, chunks: Iterable[tuple[str, memoryview]], pace: Callable[[int], None] | None,
-                    wrote: list[tuple[str, list[str]]] | None = None) -> tuple[int, int]:
+                    wrote: list[tuple[str, list[str]]] | None = None, nbytes: int | None = None) -> tuple[int, int]:
         self._ensure()
         pack = uuid.uuid4().hex
         pack_path, idx_path = self.packs / f"{pack}.pack", self.packs / f"{pack}.idx"
         try:
-            lacking = self._lacking(chunks)
-            if not lacking:
+            fresh = self._fresh(chunks)
+            first = next(fresh, None)
+            if first is None:
                 return 0, 0
-            table = np.empty(len(lacking), dtype=IDX_RECORD)
-            table["digest"] = np.frombuffer(bytes.fromhex("".join(d for d, _ in lacking)), dtype="S16")
-            table["length"] = lengths = np.fromiter((len(data) for _, data in lacking), dtype=np.int64,
-                                                    count=len(lacking))
-            table["offset"] = np.cumsum(lengths) - lengths
-            size = int(lengths.sum())
-            fd = self._open_pack(pack_path, size)
+            if nbytes is None:  # all hashed already: written in few large batches
+                lacking = [first, *fresh]
+                nbytes, batch_bytes, source = sum(len(d) for _, d in lacking), WRITE_BATCH_BYTES, iter(lacking)
+            else:
+                batch_bytes, source = STREAM_BATCH_BYTES, itertools.chain([first], fresh)
+            digests: list[str] = []
+            lengths: list[int] = []
+            fd = self._open_pack(pack_path, nbytes)
             try:
                 batch: list[memoryview] = []  # written with one writev: few syscalls, the GIL released once
                 written = queued = 0
-                for _, data in lacking:
+                for digest_hex, data in source:
+                    digests.append(digest_hex)
+                    lengths.append(len(data))
                     batch.append(data)
                     queued += len(data)
-                    if pace is not None or len(batch) >= WRITEV_MAX or queued - written >= WRITE_BATCH_BYTES:
+                    if pace is not None or len(batch) >= WRITEV_MAX or queued - written >= batch_bytes:
                         written = _writev(fd, batch, written, pace)
-                _writev(fd, batch, written, pace)
-                if os.fstat(fd).st_size > size:  # a spare longer than this pack
-                    os.ftruncate(fd, size)
+                written = _writev(fd, batch, written, pace)
+                if os.fstat(fd).st_size > written:  # a spare longer than this pack
+                    os.ftruncate(fd, written)
                 if self.durable:
                     os.fsync(fd)
             finally:
                 os.close(fd)
+            table = np.empty(len(digests), dtype=IDX_RECORD)
+            table["digest"] = np.frombuffer(bytes.fromhex("".join(digests)), dtype="S16")
+            table["length"] = sizes = np.array(lengths, dtype=np.int64)
+            table["offset"] = np.cumsum(sizes) - sizes
             self._write_atomic(idx_path, IDX_MAGIC + table.tobytes())
-            digests = [d for d, _ in lacking]
             self._index.add(pack, digests, table["offset"], table["length"])
             self._loaded.add(pack)
             self._untrusted.difference_update(digests)  # indexed now in this pack, written whole
             if wrote is not None:
                 wrote.append((pack, digests))
-        except OSError as exc:
+        except BaseException as exc:  # (a streamed chunk's source may fail too)
             for path in (pack_path, idx_path):
                 with contextlib.suppress(OSError):
                     path.unlink()
-            raise CheckpointStoreError(exc.errno or errno.EIO, f"writing {pack_path} failed: "
-                                                               f"{exc.strerror or exc}") from exc
-        return len(lacking), size
+            if isinstance(exc, OSError):
+                raise CheckpointStoreError(exc.errno or errno.EIO, f"writing {pack_path} failed: "
+                                                                   f"{exc.strerror or exc}") from exc
+            raise
+        return len(digests), written
 
-    def _lacking(self, chunks: Iterable[tuple[str, memoryview]]) -> list[tuple[str, memoryview]]:
-        """The chunks not in the store, each once."""
-        out: list[tuple[str, memoryview]] = []
+    def _fresh(self, chunks: Iterable[tuple[str, memoryview]]) -> Iterator[tuple[str, memoryview]]:
+        """The chunks not in the store, each once, as they are iterated."""
         seen: set[str] = set()
         index, untrusted = self._index, self._untrusted
         for digest_hex, data in chunks:
             if (digest_hex not in index or (untrusted and digest_hex in untrusted)) and digest_hex not in seen:
                 seen.add(digest_hex)
-                out.append((digest_hex, data))
-        return out
+                yield digest_hex, data
 
     def _open_pack(self, path: Path, nbytes: int) -> int:
         """A spare renamed to `path` (the smallest that holds `nbytes`, else the largest), or a new file."""
@@ -311,25 +326,10 @@ class CheckpointStore:
             raise CheckpointStoreError(exc.errno or errno.EIO, f"manifest {path}: {exc.strerror or exc}") from exc
 
     def read_chunk(self, digest_hex: str, into: memoryview | None = None) -> memoryview:
-        ref = self._index.get(digest_hex)
-        if ref is None:
-            raise CheckpointStoreError(errno.ENOENT, f"chunk {digest_hex} is in no pack under {self.packs}")
-        path = self.packs / f"{ref.pack}.pack"
-        if into is not None and len(into) != ref.length:
-            raise CheckpointStoreError(errno.EIO, f"chunk {digest_hex} is {ref.length} bytes in {self.packs}, "
-                                                  f"the manifest expects {len(into)}")
-        buffer = into if into is not None else memoryview(bytearray(ref.length))
-        try:
-            with open(path, "rb", buffering=0) as fh:
-                fh.seek(ref.offset)
-                got = fh.readinto(buffer)
-        except OSError as exc:
-            raise CheckpointStoreError(exc.errno or errno.EIO, f"reading chunk {digest_hex} from {path}: "
-                                                               f"{exc.strerror or exc}") from exc
-        if got != ref.length:
-            raise CheckpointStoreError(errno.EIO, f"chunk {digest_hex} in {path} is truncated "
-                                                  f"({got} of {ref.length} bytes)")
-        return buffer
+        """One chunk's bytes (into `into` when given: it must be the chunk's length); not verified."""
+        from sentinel.sdk.packread import read_chunk
+
+        return read_chunk(self, digest_hex, into)
 
     def read_chunks(self, digests: list[str], into: memoryview, touch: Callable[[], object] | None = None) -> None:
         """Read consecutive chunks into one buffer, with few reads and each pack opened once (see packread)."""
@@ -359,6 +359,7 @@ class CheckpointStore:
         """Delete the manifests of retired (job, step[, attempt])s, then every chunk no remaining manifest names
         (see sentinel.sdk.collection)."""
         return collect_garbage(self, retire=retire, timeout_seconds=timeout_seconds, rewrite_below=rewrite_below)
+
 
 def _writev(fd: int, batch: list[memoryview], written: int, pace: Callable[[int], None] | None) -> int:
     """Write the batch (and empty it); returns the bytes written so far."""

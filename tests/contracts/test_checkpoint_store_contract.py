@@ -17,6 +17,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from sentinel.sdk import stores
 from sentinel.sdk.chunks import digest
 from sentinel.sdk.stores import IDX_MAGIC, STORES, CheckpointStore, CheckpointStoreError
 from tests.contracts.conftest import implementations
@@ -265,6 +266,44 @@ def test_a_failed_write_leaves_no_pack_and_no_index_entry(store: CheckpointStore
     assert not store.has(digest(a))  # a later save must write it, not name the deleted pack
     assert store.write_pack(pieces(a, b)) == (2, len(a) + len(b))
     assert bytes(store.read_chunk(digest(a))) == a
+
+
+def test_a_streamed_write_writes_each_chunk_soon_after_it_was_iterated(store: CheckpointStore,
+                                                                        monkeypatch: pytest.MonkeyPatch):
+    """write_pack(nbytes=…): the chunks are written batch by batch as they come (saving.cut_lazily hashes each
+    then, so the write reads it from the CPU's cache), the pack is cut to what was written, and a failure midway
+    leaves nothing behind."""
+    monkeypatch.setattr(stores, "STREAM_BATCH_BYTES", 1)  # every chunk its own batch
+    a, b, c = blob(1), blob(2), blob(3, 1000)
+    store.write_pack(pieces(a))
+    (first,) = pack_names(store, ".pack")
+    on_disk: list[int] = []
+
+    def lazily(*blobs: bytes) -> Iterator[tuple[str, memoryview]]:
+        for data in blobs:
+            on_disk.append(sum(p.stat().st_size for p in store.packs.glob("*.pack")
+                               if p.name != f"{first}.pack"))
+            yield digest(data), memoryview(data)
+
+    upper = len(a) + 2 * len(b) + len(c)  # an upper bound: what is known before hashing
+    assert store.write_pack(lazily(a, b, c, b), nbytes=upper) == (2, len(b) + len(c))
+    assert on_disk == [0, 0, len(b), len(b) + len(c)]  # b was written before c was asked for
+    (pack,) = pack_names(store, ".pack") - {first}
+    assert (store.packs / f"{pack}.pack").stat().st_size == len(b) + len(c)
+    reader = type(store)(store.root)
+    reader.refresh()
+    assert bytes(reader.read_chunk(digest(c))) == c and bytes(reader.read_chunk(digest(b))) == b
+    assert store.write_pack(lazily(a, b), nbytes=upper) == (0, 0)
+    assert pack_names(store, ".pack") == {first, pack}  # nothing lacking: no empty pack
+
+    def failing() -> Iterator[tuple[str, memoryview]]:
+        d = blob(4)
+        yield digest(d), memoryview(d)
+        raise OSError(errno.EIO, "Input/output error")
+
+    with pytest.raises(CheckpointStoreError, match=r"writing .*\.pack failed"):
+        store.write_pack(failing(), nbytes=upper)
+    assert pack_names(store, ".pack") == {first, pack} and not store.has(digest(blob(4)))
 
 
 def test_a_store_that_cannot_be_created_says_where(store_cls: type[CheckpointStore], tmp_path: Path):
