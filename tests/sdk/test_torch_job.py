@@ -75,9 +75,11 @@ def test_ddp_job_signals_and_a_killed_rank(tmp_path: Path):
             assert abs(r["allreduce_time_ratio"] - independent) <= 0.10 * independent, (r, own)
             # The reported peak lies between the rank's RSS after its steps and its high-water mark now
             # (the profiler's event processing after the loop may raise it; a peak taken from the
-            # parent's ru_maxrss, or a stale or empty one, falls outside).
+            # parent's ru_maxrss, or a stale or empty one, falls outside). The kernel's RSS counters are
+            # per-CPU and read approximately: two reads of VmHWM differed by a page in CI, so 1% slack.
             hwm = high_water_mark(ranks[r["rank"]].pid)
-            assert own["rss_after_steps"] <= r["memory_peak_bytes"] <= hwm, (r["memory_peak_bytes"], own, hwm)
+            peak = r["memory_peak_bytes"]
+            assert 0.99 * own["rss_after_steps"] <= peak <= 1.01 * hwm, (peak, own, hwm)
         print("job metrics:", json.dumps({k: v for k, v in metrics.items() if k != "ranks"}))
         assert 0 < metrics["mfu_ratio"] <= 1, metrics
         assert metrics["step_seconds_p50"] <= metrics["step_seconds_p95"]
