@@ -18,11 +18,19 @@ import httpx
 
 from sentinel.alerting.notifiers.webhook import REPLAY_TOLERANCE_SECONDS, verify_signature
 
+_HANDED_OUT: set[int] = set()
+
 
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+    """A port free on 127.0.0.1 now that this process has not handed out before: the kernel may offer one port
+    to two binds in a row, and a Slurm config then put slurmctld and slurmd on one port (CI failed)."""
+    while True:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = int(s.getsockname()[1])
+        if port not in _HANDED_OUT:
+            _HANDED_OUT.add(port)
+            return port
 
 
 def sentinel_cmd(*args: str) -> list[str]:
