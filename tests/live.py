@@ -23,7 +23,8 @@ _HANDED_OUT: set[int] = set()
 
 def free_port() -> int:
     """A port free on 127.0.0.1 now that this process has not handed out before: the kernel may offer one port
-    to two binds in a row, and a Slurm config then put slurmctld and slurmd on one port (CI failed)."""
+    to two binds in a row, and a config of two such ports puts two daemons on one (the likeliest cause of a CI
+    failure: slurmctld found its port taken and slurmd answered its requests)."""
     while True:
         with socket.socket() as s:
             s.bind(("127.0.0.1", 0))
