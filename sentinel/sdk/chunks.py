@@ -17,6 +17,8 @@ from typing import Any
 import numpy as np
 import xxhash
 
+from sentinel.sdk import hugepages
+
 DEFAULT_CHUNK_BYTES = 1 << 20
 DEFAULT_ROW_CHUNK_BYTES = 2048
 ROW_CHUNKED = ("embed",)  # tensors whose names contain these are chunked by rows
@@ -187,6 +189,8 @@ def empty_like_spec(spec: TensorSpec) -> tuple[Any, memoryview]:
             import torch
         dtype = getattr(torch, spec.dtype.removeprefix("torch."))
         tensor = torch.empty(spec.shape, dtype=dtype)
+        hugepages.advise_tensor(tensor)  # untouched yet: its page faults are much of a restore's cost
         return tensor, memoryview(tensor.view(-1).view(torch.uint8).numpy()) if spec.nbytes else memoryview(b"")
     array = np.empty(spec.shape, dtype=np.dtype(spec.dtype))
+    hugepages.advise_tensor(array)
     return array, array.reshape(-1).view(np.uint8).data

@@ -28,7 +28,7 @@ from typing import Any
 
 import numpy as np
 
-from sentinel.sdk import chunks
+from sentinel.sdk import chunks, hugepages
 
 log = logging.getLogger("sentinel.sdk.checkpoint")
 WHEN_BUSY = ("coalesce", "skip", "wait")
@@ -82,12 +82,14 @@ def stage(staging: dict[str, Any], name: str, value: Any, *, one_thread: bool = 
     if isinstance(value, np.ndarray):
         if not (isinstance(buffer, np.ndarray) and buffer.shape == value.shape and buffer.dtype == value.dtype):
             buffer = staging[name] = np.empty_like(value, order="C")
+            hugepages.advise_tensor(buffer)  # fresh: the copy below faults it in 2 MiB at a time
         np.copyto(buffer, value)
         return buffer
     torch = sys.modules["torch"]
     if not (isinstance(buffer, torch.Tensor) and buffer.shape == value.shape and buffer.dtype == value.dtype):
         pin = value.device.type == "cuda"
         buffer = staging[name] = torch.empty(value.shape, dtype=value.dtype, pin_memory=pin)
+        hugepages.advise_tensor(buffer)
     if one_thread and value.device.type == "cpu" and value.is_contiguous() and value.numel():
         np.copyto(np.asarray(bytes_of(buffer)), np.asarray(bytes_of(value.detach())))  # the GIL released
         return buffer

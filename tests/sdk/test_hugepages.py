@@ -1,0 +1,63 @@
+"""Fresh restore targets and staging buffers ask for transparent huge pages (sentinel.sdk.hugepages)."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from sentinel.sdk import chunks, hugepages, saving
+
+MIB = 1 << 20
+THP = Path("/sys/kernel/mm/transparent_hugepage/enabled")
+
+
+def thp_mode() -> str | None:
+    try:
+        return re.search(r"\[(\w+)\]", THP.read_text()).group(1)  # type: ignore[union-attr]
+    except (OSError, AttributeError):
+        return None
+
+
+needs_thp = pytest.mark.skipif(thp_mode() not in ("madvise", "always"), reason="no transparent huge pages here")
+
+
+def huge_kib(address: int) -> int:
+    """AnonHugePages of the mapping that holds `address` (/proc/self/smaps)."""
+    inside = False
+    for line in Path("/proc/self/smaps").read_text().splitlines():
+        head = re.match(r"^([0-9a-f]+)-([0-9a-f]+) ", line)
+        if head:
+            inside = int(head.group(1), 16) <= address < int(head.group(2), 16)
+        elif inside and line.startswith("AnonHugePages:"):
+            return int(line.split()[1])
+    return 0
+
+
+@needs_thp
+def test_a_restore_target_is_faulted_in_huge_pages() -> None:
+    spec = chunks.TensorSpec(name="embedding.weight", dtype="torch.float32", shape=[64 * MIB // 512, 128],
+                             nbytes=64 * MIB, chunk_bytes=2048)
+    tensor, view = chunks.empty_like_spec(spec)
+    np.asarray(view)[:] = 1  # the restore's reads touch it
+    assert huge_kib(tensor.data_ptr() + 32 * MIB) >= 16 * 1024  # (the kernel may lack free huge pages for a few)
+
+
+@needs_thp
+def test_a_fresh_staging_buffer_is_faulted_in_huge_pages() -> None:
+    staging: dict[str, object] = {}
+    buffer = saving.stage(staging, "w", torch.ones(16 * MIB))  # 64 MiB of float32
+    assert huge_kib(buffer.data_ptr() + 32 * MIB) >= 16 * 1024
+
+
+def test_small_buffers_and_advice_turned_off_are_left_alone(monkeypatch: pytest.MonkeyPatch) -> None:
+    assert not hugepages.advise_tensor(torch.empty(hugepages.MIN_BYTES // 4 - 1))
+    hugepages._madvise.cache_clear()
+    monkeypatch.setenv("SENTINEL_CHECKPOINT_HUGEPAGES", "0")
+    try:
+        assert not hugepages.advise_tensor(np.empty(4 * hugepages.MIN_BYTES, dtype=np.uint8))
+    finally:
+        hugepages._madvise.cache_clear()
