@@ -1,13 +1,18 @@
-"""Fresh host memory for big tensors in transparent huge pages, where the kernel gives them on request.
+"""Fresh host memory for big tensors in transparent huge pages, on request (`SENTINEL_CHECKPOINT_HUGEPAGES=1`).
 
 A restore reads a checkpoint into memory never touched before, and a save's first copy goes into fresh host
 buffers: much of what either costs is page faults (each 4 KiB page zeroed and mapped on first touch). With
 transparent huge pages in "madvise" mode (a common default), memory advised with MADV_HUGEPAGE before it is
-touched faults in a huge page (2 MiB on x86-64) at a time: reading 268 MB from cached pages into fresh memory took
-0.022 s instead of 0.106 s on the 2-core VM of 7 December. torch.load gets the same only with torch's own
-THP_MEM_ALLOC_ENABLE=1.
+touched faults in a huge page (2 MiB on x86-64) at a time.
 
-Best effort: not Linux, no libc, THP "never" or SENTINEL_CHECKPOINT_HUGEPAGES=0, and the memory is left as it is.
+Off by default, because what it gives depends on where the huge pages come from. On the 2-core Firecracker VMs
+of 7 December, in a process that had just freed huge pages, reading 268 MB from cached pages into fresh memory
+took 0.022 s instead of 0.106 s; but in a fresh process (a restart, the case a restore is for) touching 1 GiB
+took 0.45-1.2 s with huge pages against 0.18-0.22 s without (the guest's never-used memory is faulted in by the
+host), and a verified 1 GiB restore 0.63-1.4 s against 0.35 s. On hosts without that cost (bare metal), measure
+before turning it on.
+
+Best effort: not Linux, no libc, or THP "never", and the memory is left as it is.
 """
 
 from __future__ import annotations
@@ -29,8 +34,8 @@ SIZE_FILE = "/sys/kernel/mm/transparent_hugepage/hpage_pmd_size"
 @functools.cache
 def _madvise() -> tuple[Any, int] | None:
     """libc's madvise and the huge page size, or None where advice is off or impossible."""
-    if sys.platform != "linux" or os.environ.get("SENTINEL_CHECKPOINT_HUGEPAGES", "1").strip().lower() in (
-            "0", "false", "no", "off"):
+    if sys.platform != "linux" or os.environ.get("SENTINEL_CHECKPOINT_HUGEPAGES", "").strip().lower() not in (
+            "1", "true", "yes", "on"):
         return None
     try:
         with open(SIZE_FILE) as f:

@@ -1,8 +1,10 @@
-"""Fresh restore targets and staging buffers ask for transparent huge pages (sentinel.sdk.hugepages)."""
+"""With SENTINEL_CHECKPOINT_HUGEPAGES=1, fresh restore targets and staging buffers ask for transparent huge pages
+(sentinel.sdk.hugepages); by default they do not."""
 
 from __future__ import annotations
 
 import re
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -25,6 +27,14 @@ def thp_mode() -> str | None:
 needs_thp = pytest.mark.skipif(thp_mode() not in ("madvise", "always"), reason="no transparent huge pages here")
 
 
+@pytest.fixture
+def asked(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    hugepages._madvise.cache_clear()
+    monkeypatch.setenv("SENTINEL_CHECKPOINT_HUGEPAGES", "1")
+    yield
+    hugepages._madvise.cache_clear()
+
+
 def huge_kib(address: int) -> int:
     """AnonHugePages of the mapping that holds `address` (/proc/self/smaps)."""
     inside = False
@@ -38,7 +48,7 @@ def huge_kib(address: int) -> int:
 
 
 @needs_thp
-def test_a_restore_target_is_faulted_in_huge_pages() -> None:
+def test_a_restore_target_is_faulted_in_huge_pages(asked: None) -> None:
     spec = chunks.TensorSpec(name="embedding.weight", dtype="torch.float32", shape=[64 * MIB // 512, 128],
                              nbytes=64 * MIB, chunk_bytes=2048)
     tensor, view = chunks.empty_like_spec(spec)
@@ -47,16 +57,23 @@ def test_a_restore_target_is_faulted_in_huge_pages() -> None:
 
 
 @needs_thp
-def test_a_fresh_staging_buffer_is_faulted_in_huge_pages() -> None:
+def test_a_fresh_staging_buffer_is_faulted_in_huge_pages(asked: None) -> None:
     staging: dict[str, object] = {}
     buffer = saving.stage(staging, "w", torch.ones(16 * MIB))  # 64 MiB of float32
     assert huge_kib(buffer.data_ptr() + 32 * MIB) >= 16 * 1024
 
 
-def test_small_buffers_and_advice_turned_off_are_left_alone(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_small_buffers_are_left_alone(asked: None) -> None:
     assert not hugepages.advise_tensor(torch.empty(hugepages.MIN_BYTES // 4 - 1))
+
+
+@pytest.mark.parametrize("value", [None, "0", "off"])
+def test_without_the_setting_nothing_is_advised(monkeypatch: pytest.MonkeyPatch, value: str | None) -> None:
     hugepages._madvise.cache_clear()
-    monkeypatch.setenv("SENTINEL_CHECKPOINT_HUGEPAGES", "0")
+    if value is None:
+        monkeypatch.delenv("SENTINEL_CHECKPOINT_HUGEPAGES", raising=False)
+    else:
+        monkeypatch.setenv("SENTINEL_CHECKPOINT_HUGEPAGES", value)
     try:
         assert not hugepages.advise_tensor(np.empty(4 * hugepages.MIN_BYTES, dtype=np.uint8))
     finally:
