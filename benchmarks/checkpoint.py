@@ -38,7 +38,9 @@ Sentinel writes to its local tier (LocalDirStore: no fsync), `catalog=False`.
    Target: save() (guarded) ≤ 0.2× torch.save.
 4. Restore: `restore()` by a fresh manager (as after a restart: its store's index not loaded yet) of the full
    state, every chunk's digest verified, against `torch.load` of torch.save's file (weights_only=True); and
-   of every scenario's second save (each scenario run `--repeats` times, medians). Target: ≤ 1.0× torch.load.
+   of every scenario's second save (each scenario run `--repeats` times, medians); and the full state's
+   both again, each in a process of its own (a restart's: memory fresh to the process; the readers before run
+   in one that just freed as much). Target: ≤ 1.0× torch.load.
 
 Before each timed contender its old output is deleted and `sync` runs, untimed, so none inherits another's
 dirty pages. The page cache is never dropped: writes without fsync end in it; restores and loads read it.
@@ -49,7 +51,8 @@ are slower there than rewrites into just-freed pages.
 Recorded (unless `--no-record`) into benchmarks/measured.json (or `--record PATH`), merged with the other
 benchmarks' figures, per GiB of the state measured: `sentinel_checkpoint_stall_seconds_per_gib` and
 `torch_save_seconds_per_gib` (5., all threads computing: seconds added per save), `sentinel_restore_seconds_per_gib`
-and `torch_load_seconds_per_gib` (4.) — each with its range over rounds, the command and the conditions.
+and `torch_load_seconds_per_gib` (4., in fresh processes) — each with its range over rounds, the command and the
+conditions.
 """
 
 from __future__ import annotations
@@ -58,6 +61,7 @@ import argparse
 import contextlib
 import ctypes
 import gc
+import math
 import os
 import shutil
 import statistics
@@ -224,9 +228,11 @@ def steady_state(state: Any, work: Path, repeats: int) -> tuple[list[float], lis
     return stalls, floor, busy, warm, m
 
 
-def second_save(work: Path, state: Callable[[], Any], step: Callable[[], object]) -> tuple[SaveResult, float, float]:
+def second_save(work: Path, state: Callable[[], Any], step: Callable[[], object], cold_too: bool = False
+                ) -> tuple[SaveResult, float, float, float, float]:
     """The second save's result; then the times of restore() and of torch.load of the same state (each the
-    mean of two, in the order restore, load, load, restore, after one untimed read by each)."""
+    mean of two, in the order restore, load, load, restore, after one untimed read by each); with `cold_too`,
+    also each once in a process of its own (NaN without)."""
     m = manager(fresh(work))
     save(m, 1, state())[1].result()
     with torch.no_grad():
@@ -256,8 +262,10 @@ def second_save(work: Path, state: Callable[[], Any], step: Callable[[], object]
         give_memory_back()
         times[name].append(restore() if name == "restore" else load())
     m.close()
+    cold = cold_reads(work, work / "t.pt", 1) if cold_too else {"restore": [math.nan], "torch.load": [math.nan]}
     shutil.rmtree(work, ignore_errors=True)
-    return res, statistics.mean(times["restore"]), statistics.mean(times["load"])
+    return res, statistics.mean(times["restore"]), statistics.mean(times["load"]), cold["restore"][0], \
+        cold["torch.load"][0]
 
 
 def dense(size: int, gen: torch.Generator) -> Scenario:
@@ -288,7 +296,7 @@ def embedding(size: int, gen: torch.Generator, contiguous: bool) -> Scenario:
     return model.state_dict, step
 
 
-def scenarios(work: Path, size: int, seed: int = 1) -> dict[str, tuple[SaveResult, float, float]]:
+def scenarios(work: Path, size: int, seed: int = 1) -> dict[str, tuple[SaveResult, float, float, float, float]]:
     gen = torch.Generator().manual_seed(seed)  # which rows change
     makers: dict[str, Callable[[], Scenario]] = {
         "dense update": lambda: dense(size, gen), "90% frozen": lambda: frozen(size, gen),
@@ -296,7 +304,7 @@ def scenarios(work: Path, size: int, seed: int = 1) -> dict[str, tuple[SaveResul
         "embed 1% contig. rows": lambda: embedding(size, gen, True)}
     out = {}
     for name, make in makers.items():
-        out[name] = second_save(work, *make())
+        out[name] = second_save(work, *make(), cold_too=name.startswith("embed"))
         give_memory_back()
     return out
 
@@ -416,7 +424,8 @@ def record(args: argparse.Namespace, loop: dict[str, float], per_round: dict[str
            loads: dict[str, list[float]], size: int, threads: int, started_load: str) -> None:
     """Per GiB of state, for the fault-schedule simulator: the in-loop cost of a save (guarded, the default) and of
     torch.save in the same loop (all threads computing; the printed difference of medians, the range over
-    rounds), and a verified restore() against torch.load of the `--gib` state."""
+    rounds), and a verified restore() against torch.load of the `--gib` state, each in a fresh process (a
+    restart's: what the simulator charges a restart)."""
     loop_gib, gib = loop["size"] / GIB, size / GIB
     common = (f"{machine()}, torch {torch.__version__} on CPU tensors, load average {started_load} at the start and "
               f"{load()} at the end (another engineer's tests sharing the machine), medians of {args.repeats} "
@@ -427,9 +436,10 @@ def record(args: argparse.Namespace, loop: dict[str, float], per_round: dict[str
                f"over {args.loop_rounds} rounds of each round's difference from the loop without saves, all "
                f"{threads} torch threads computing (the writer shares the loop's cores), divided by that state's "
                "GiB.")
-    restore = (f"{common}; restore() by a fresh manager of the last full save of a {gib:.3f} GiB model + Adam-like "
-               "state (2048×2048 float32 layers), every chunk's digest verified, against "
-               "torch.load(weights_only=True) of torch.save's file, divided by that state's GiB.")
+    restore = (f"{common}; restore() of the last full save of a {gib:.3f} GiB model + Adam-like state (2048×2048 "
+               "float32 layers), every chunk's digest verified, against torch.load(weights_only=True) of torch.save's "
+               "file, each in a process of its own (as after a restart; timed from the call), divided by that "
+               "state's GiB.")
     figures = {
         "sentinel_checkpoint_stall_seconds_per_gib": figure(
             [v / loop_gib for v in per_round["save() (guarded)"]], "s/GiB", loop["save() (guarded)"] / loop_gib,
@@ -442,6 +452,33 @@ def record(args: argparse.Namespace, loop: dict[str, float], per_round: dict[str
     report_recorded(args.record, figures)
 
 
+def cold_reads(root: Path, file: Path, repeats: int) -> dict[str, list[float]]:
+    """restore() from the store under `root` and torch.load of `file`, each in a process of its own, as after a
+    restart: its memory is fresh to it (the readers in this process run just after it freed as much). Timed
+    inside the child, from the call to its return (not the interpreter's start or torch's import); the order
+    alternates."""
+    out: dict[str, list[float]] = {"restore": [], "torch.load": []}
+    for i in range(repeats):
+        order = ("restore", "torch.load") if i % 2 == 0 else ("torch.load", "restore")
+        for reader in order:
+            give_memory_back()
+            child = subprocess.run([sys.executable, __file__, "--cold-read", reader, str(root), str(file)],
+                                   capture_output=True, text=True, timeout=600, check=True)
+            out[reader].append(float(child.stdout.split()[-1]))
+    return out
+
+
+def cold_read(reader: str, root: Path, file: Path) -> None:
+    """The child of cold_reads: one read, its seconds printed last."""
+    if reader == "restore":
+        m = manager(root)
+        seconds = clock(m.restore)
+        m.close()
+    else:
+        seconds = clock(lambda: torch.load(file, weights_only=True))
+    print(f"{seconds:.6f}")
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--gib", type=float, default=1.0, help="state size for stall, throughput and restore")
@@ -452,8 +489,12 @@ def main() -> int:
     parser.add_argument("--loop-steps", type=int, default=30, help="steps per training-loop run (a save every 3)")
     parser.add_argument("--loop-rounds", type=int, default=7, help="rounds of the training-loop runs")
     parser.add_argument("--writer-niceness", type=int, default=10, help="CheckpointManager(writer_niceness=)")
+    parser.add_argument("--cold-read", nargs=3, metavar=("READER", "ROOT", "FILE"), help=argparse.SUPPRESS)
     add_record_arguments(parser)
     args = parser.parse_args()
+    if args.cold_read:
+        cold_read(args.cold_read[0], Path(args.cold_read[1]), Path(args.cold_read[2]))
+        return 0
     WRITER_NICENESS[0] = args.writer_niceness
     warnings.filterwarnings("ignore", message=".*torch.distributed is disabled.*")
     if args.dir is not None:
@@ -501,18 +542,24 @@ def main() -> int:
         rounds(readers, 1)  # untimed: the first read after the state was freed meets pages the host took back
         loads = rounds(readers, r)  # (either reader; rotated rounds of 3 gave restore that slot twice)
         say(f"  restore {secs(loads['restore'])}; torch.load {secs(loads['torch.load'])}")
+        colds = cold_reads(work / "sentinel", work / "t.pt", r)
+        say(f"  in a fresh process (a restart): restore {secs(colds['restore'])}; "
+            f"torch.load {secs(colds['torch.load'])}")
         m.close()
         shutil.rmtree(work / "sentinel")
         scen_size = int(args.scenario_gib * GIB)
         scenario_rounds = [scenarios(work / "scenario", scen_size, seed=1 + i) for i in range(r)]
         written = scenario_rounds[-1]
-        for name, (res, _, _) in written.items():
+        for name, (res, *_) in written.items():
             restores = [one[name][1] for one in scenario_rounds]
             loaded_in = [one[name][2] for one in scenario_rounds]
             say(f"  {name}: second save wrote {res.bytes_written} of {res.bytes_total} bytes, {res.chunks_written} "
                 f"chunks; stall {res.stall_seconds:.3f} s, write {res.write_seconds:.3f} s; restore "
                 f"{secs(restores)}, torch.load {secs(loaded_in)}, ratio per round "
                 + ", ".join(f"{a / b:.2f}" for a, b in zip(restores, loaded_in, strict=True)))
+            if name.startswith("embed"):
+                say(f"    in a fresh process: restore {secs([one[name][3] for one in scenario_rounds])}, "
+                    f"torch.load {secs([one[name][4] for one in scenario_rounds])}")
 
         loops: dict[int, dict[str, float]] = {}
         loop_rounds: dict[int, dict[str, list[float]]] = {}
@@ -554,13 +601,18 @@ def main() -> int:
                              ("dd fdatasync", "")):
             rows.append(("first full save throughput (GB/s)", tput, name, gb / med[name], target))
         rows.append(("warm full save throughput (GB/s)", warm, "dcp.save no fsync", gb / med["dcp.save no fsync"], ""))
-        for (name, (res, _, _)), target in zip(written.items(), ("≈ 1.0×", "≤ 0.15×", "≤ 0.05×", ""), strict=True):
+        for (name, (res, *_)), target in zip(written.items(), ("≈ 1.0×", "≤ 0.15×", "≤ 0.05×", ""), strict=True):
             rows.append((f"written/total: {name}", res.bytes_written / res.bytes_total, "full save (itself)", 1.0,
                          target))
         rows.append(("restore, verified (s)", med["restore"], "torch.load", med["torch.load"], "≤ 1.0×"))
+        rows.append(("restore, fresh process (s)", statistics.median(colds["restore"]), "torch.load, fresh process",
+                     statistics.median(colds["torch.load"]), "≤ 1.0×"))
         for name in ("embed 1% random rows", "embed 1% contig. rows"):
             rows.append((f"restore, {name[6:]} (s)", statistics.median(one[name][1] for one in scenario_rounds),
                          "torch.load", statistics.median(one[name][2] for one in scenario_rounds), "≤ 1.0×"))
+            rows.append((f"restore, {name[6:]}, fresh (s)", statistics.median(one[name][3] for one in scenario_rounds),
+                         "torch.load, fresh process", statistics.median(one[name][4] for one in scenario_rounds),
+                         "≤ 1.0×"))
         say("")
         say(f"{'metric':40} {'Sentinel':>9}  {'baseline':23} {'value':>8} {'ratio':>8}  {'target':7} met?")
         for metric, mine, name, theirs, target in rows:
@@ -569,7 +621,7 @@ def main() -> int:
         say(f"(state {size / GIB:.3f} GiB; scenarios {scen_size / GIB:.3f} GiB each; medians of {r} rotated rounds; "
             "GB = 1e9 bytes; Sentinel's local tier does not fsync; page cache not dropped)")
         if args.record is not None:
-            record(args, loops[threads], loop_rounds[threads], loads, size, threads, started_load)
+            record(args, loops[threads], loop_rounds[threads], colds, size, threads, started_load)
         else:
             report_recorded(None, {})
         return 0
