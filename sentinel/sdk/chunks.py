@@ -189,7 +189,7 @@ def empty_like_spec(spec: TensorSpec) -> tuple[Any, memoryview]:
             import torch
         dtype = getattr(torch, spec.dtype.removeprefix("torch."))
         tensor = torch.empty(spec.shape, dtype=dtype)
-        hugepages.advise_tensor(tensor)  # untouched yet: its page faults are much of a restore's cost
+        hugepages.advise_tensor(tensor)  # untouched yet (huge pages only on request: sentinel.sdk.hugepages)
         return tensor, memoryview(tensor.view(-1).view(torch.uint8).numpy()) if spec.nbytes else memoryview(b"")
     array = np.empty(spec.shape, dtype=np.dtype(spec.dtype))
     hugepages.advise_tensor(array)

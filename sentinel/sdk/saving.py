@@ -82,7 +82,7 @@ def stage(staging: dict[str, Any], name: str, value: Any, *, one_thread: bool = 
     if isinstance(value, np.ndarray):
         if not (isinstance(buffer, np.ndarray) and buffer.shape == value.shape and buffer.dtype == value.dtype):
             buffer = staging[name] = np.empty_like(value, order="C")
-            hugepages.advise_tensor(buffer)  # fresh: the copy below faults it in 2 MiB at a time
+            hugepages.advise_tensor(buffer)  # fresh (huge pages only on request: sentinel.sdk.hugepages)
         np.copyto(buffer, value)
         return buffer
     torch = sys.modules["torch"]
