@@ -68,7 +68,10 @@ def advise(address: int, nbytes: int) -> bool:
 
 
 def advise_tensor(value: Any) -> bool:
-    """`advise` for a fresh torch tensor or numpy array in ordinary host memory (not pinned)."""
+    """`advise` for a fresh torch tensor or numpy array in ordinary host memory (not pinned). Off (the default),
+    it looks at nothing: on a GPU host `is_pinned()` may start the CUDA runtime."""
+    if _madvise() is None:
+        return False
     if hasattr(value, "data_ptr"):
         if value.device.type != "cpu" or value.is_pinned():
             return False

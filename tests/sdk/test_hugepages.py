@@ -78,3 +78,17 @@ def test_without_the_setting_nothing_is_advised(monkeypatch: pytest.MonkeyPatch,
         assert not hugepages.advise_tensor(np.empty(4 * hugepages.MIN_BYTES, dtype=np.uint8))
     finally:
         hugepages._madvise.cache_clear()
+
+
+def test_without_the_setting_a_tensor_is_not_even_looked_at(monkeypatch: pytest.MonkeyPatch) -> None:
+    hugepages._madvise.cache_clear()
+    monkeypatch.delenv("SENTINEL_CHECKPOINT_HUGEPAGES", raising=False)
+
+    class Untouchable:  # is_pinned() may start the CUDA runtime on a GPU host: off, nothing is asked of a tensor
+        def __getattr__(self, name: str) -> object:
+            raise AssertionError(f"advise_tensor read .{name} with huge pages off")
+
+    try:
+        assert not hugepages.advise_tensor(Untouchable())
+    finally:
+        hugepages._madvise.cache_clear()
