@@ -65,7 +65,7 @@ def build(index: ChunkIndex, manifest_digest: str, specs: list[chunks.TensorSpec
         joined = (packs[1:] == packs[:-1]) & (offsets[1:] == offsets[:-1] + lengths[:-1])
         starts = np.flatnonzero(np.concatenate([[True], ~joined]))
         runs = np.empty(len(starts), dtype=RUN)
-        for number in np.unique(packs[starts]).tolist():
+        for number in sorted(set(packs[starts].tolist())):  # (not np.unique: it imports numpy.ma, 10 ms)
             names.setdefault(number, len(names))
         runs["pack"] = [names[n] for n in packs[starts].tolist()]
         runs["offset"], runs["position"] = offsets[starts], positions[starts]
