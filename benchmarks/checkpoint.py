@@ -34,7 +34,9 @@ Sentinel writes to its local tier (LocalDirStore: no fsync), `catalog=False`.
    straight into a spare pack) while the next forward and backward run and makes optimizer.step() wait for
    that; the median over rounds is reported. This includes the CPU the background writer takes from the loop:
    run with all of torch's threads computing, and with one fewer (the writer then has a core, as the
-   checkpointer has the host CPUs on a GPU node).
+   checkpointer has the host CPUs on a GPU node). Also the floor (`write_floor`): the CPU seconds of hashing
+   the loop's state and writing it into cached pages, which a guarded save beside a loop computing on every
+   core costs it at least.
    Target: save() (guarded) ≤ 0.2× torch.save.
 4. Restore: `restore()` by a fresh manager (as after a restart: its store's index not loaded yet) of the full
    state, every chunk's digest verified, against `torch.load` of torch.save's file (weights_only=True); and
@@ -411,6 +413,44 @@ def training_loop(work: Path, nbytes: int, steps: int, every: int,
         "size": float(sum(t.numel() * 4 for t in tensors(state())))}, per_round
 
 
+def write_floor(work: Path, nbytes: int, repeats: int) -> tuple[float, float]:
+    """CPU seconds (of the writing thread) to put a state of `nbytes` into pages a file already has in the page
+    cache, as a steady guarded save does with its spare pack: each 1 MiB chunk hashed, then written 4 MiB at a
+    time (what the stores' streamed write does); and the same writes without hashing. Medians of `repeats`. With
+    every core computing, a thread doing this beside the loop costs it about that much wall time: the floor of
+    the in-loop figure."""
+    views = [view for t in tensors(make_state(nbytes))
+             for view in chunks.cut(memoryview(t.reshape(-1).view(torch.uint8).numpy()), chunks.DEFAULT_CHUNK_BYTES)]
+    path = work / "floor.bin"
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+
+    def write(hashed: bool) -> float:
+        os.lseek(fd, 0, os.SEEK_SET)
+        started, batch, queued = time.thread_time(), list[memoryview](), 0
+        for view in views:
+            if hashed:
+                chunks.digest(view)
+            batch.append(view)
+            queued += len(view)
+            if queued >= 4 << 20:
+                os.writev(fd, batch)
+                batch, queued = [], 0
+        os.writev(fd, batch)
+        return time.thread_time() - started
+
+    try:
+        write(False)  # the file's pages exist from here on
+        times: dict[bool, list[float]] = {True: [], False: []}
+        for _ in range(repeats):
+            for hashed in (True, False):
+                os.sync()  # (as before each timed loop run: the pages were written back, as a job's are)
+                times[hashed].append(write(hashed))
+    finally:
+        os.close(fd)
+        path.unlink()
+    return statistics.median(times[True]), statistics.median(times[False])
+
+
 def cpu_added(threads: int, mode: str, saves: int) -> float:
     """The process's CPU seconds a save adds: the median over rounds of each round's difference."""
     return statistics.median((cpu - none) / saves for cpu, none in zip(
@@ -594,6 +634,9 @@ def main() -> int:
                 "process CPU seconds added per save (medians): " + ", ".join(
                     f"{name} {cpu_added(n, name, args.loop_steps // 3):.3f}" for name in LOOP_MODES))
         torch.set_num_threads(threads)
+        floor_hashed, floor_plain = write_floor(work, int(args.loop_gib * GIB), 5)
+        say(f"  the floor: putting the loop's state into cached pages took {floor_hashed:.3f} CPU-seconds hashed "
+            f"and written (as a steady guarded save does), {floor_plain:.3f} s written alone (medians of 5)")
 
         med = {name: statistics.median(values) for name, values in {**writes, **loads}.items()}
         med["copy_ into warm buffers"], med["full save (itself)"] = statistics.median(floor), 1.0
@@ -610,6 +653,8 @@ def main() -> int:
             saves = args.loop_steps // 3
             rows.append((f"loop, {n} thr: CPU/save, save() (guarded)", cpu_added(n, "save() (guarded)", saves),
                          "torch.save in the loop", cpu_added(n, "torch.save", saves), ""))
+        rows.append(("loop: floor, hash + write CPU (s)", floor_hashed, "torch.save in the loop",
+                     loops[threads]["torch.save"], ""))
         rows += [("save() stall, first save (s)", first, "torch.save", med["torch.save"], ""),
                  ("save() stall, write in flight (s)", in_flight, "copy_ into warm buffers",
                   med["copy_ into warm buffers"], "")]
