@@ -476,8 +476,8 @@ def record(args: argparse.Namespace, loop: dict[str, float], per_round: dict[str
     restart's: what the simulator charges a restart)."""
     loop_gib, gib = loop["size"] / GIB, size / GIB
     common = (f"{machine()}, torch {torch.__version__} on CPU tensors, load average {started_load} at the start and "
-              f"{load()} at the end (another engineer's tests sharing the machine), medians of {args.repeats} "
-              "rotated rounds, Sentinel's local tier (LocalDirStore, no fsync), page cache not dropped")
+              f"{load()} at the end, medians of {args.repeats} rotated rounds, Sentinel's local tier "
+              "(LocalDirStore, no fsync), page cache not dropped")
     in_loop = (f"{common}; seconds a save adds to a forward/backward/Adam loop on a Linear 2048×2048 stack of "
                f"{loop_gib:.3f} GiB model + Adam state, a save every 3 of {args.loop_steps} steps, a manager kept "
                f"across the rounds after 5 untimed saves (steady state), until the last save is written, medians "

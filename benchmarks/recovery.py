@@ -380,9 +380,9 @@ def record(args: argparse.Namespace, ours: Series, theirs: Series, extra: dict[s
     simulator: Sentinel's per fault kind with warm standbys, and its detection (fault → incident) for XID
     and hang; torchrun's crash (a cold restart once its monitor sees the exit) and hang."""
     key = "10" if "10" in ours else f"{max(args.spacing):g}"
-    common = (f"{machine()}, load average {started_load} at the start and {load()} at the end (another engineer's "
-              f"tests sharing the machine); the 2-rank DDP demo job over gloo on CPU, faults on rank 1 {key} s "
-              f"after the job stepped again (and ≥ 10 steps, ≥ 2 s), medians of {args.rounds} rounds")
+    common = (f"{machine()}, load average {started_load} at the start and {load()} at the end; the 2-rank DDP "
+              f"demo job over gloo on CPU, faults on rank 1 {key} s after the job stepped again (and ≥ 10 steps, "
+              f"≥ 2 s), medians of {args.rounds} rounds")
     sentinel = (f"{common}; Sentinel server (SQLite) and two sim:2 agents at --interval 1 on loopback, "
                 "`sentinel launch --nproc 2` with warm standbys, safety limits (breaker, migration cap, restart "
                 "storm) lifted")
