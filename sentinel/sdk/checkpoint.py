@@ -131,6 +131,7 @@ class CheckpointManager:
         self._on_stage_thread = threading.local()
         self._written_direct: set[str] = set()  # tensors a first save wrote straight to the local tier
         self._direct = saving.DirectWrites()
+        self._copies = saving.CopyStreams()
         self._snapshotted.set()
         self._waiting_since: float | None = None  # when a guarded step() began to wait for it
         self._collected: set[tuple[int, int | None]] = set()  # retired (step, attempt)s already collected
@@ -211,6 +212,7 @@ class CheckpointManager:
             job.later = {name: value for name, value in tensors.items()
                          if guarded and guarding.storage(value) in guarded}
             job.versions = {name: value._version for name, value in job.later.items()}
+            job.ready = self._copies.mark(job.later)
             job.order = list(tensors)
             self._slot = job.slot
             now = {name: value for name, value in tensors.items() if name not in job.later}
@@ -249,9 +251,13 @@ class CheckpointManager:
             self._slot = job.slot
             self._on_stage_thread.active = True  # its copies use this thread alone (saving.stage)
             direct = self._write_direct(job, job.later, steady=True)
-            for name, value in job.later.items():
-                if name not in direct:
-                    job.snapshot[name] = self._stage(name, value)
+            try:
+                self._copies.begin(job.ready)
+                for name, value in job.later.items():
+                    if name not in direct:
+                        job.snapshot[name] = self._stage(name, value, self._copies.stream(value, job.ready))
+            finally:
+                self._copies.synchronize(job.ready)  # (also after a failure: no copy still writes into a buffer)
             guarding.check_versions(self, job)
         except BaseException as exc:
             saving.release(job, self.local)
@@ -291,10 +297,11 @@ class CheckpointManager:
         self._written_direct.update(unbuffered)  # once: from the next save on they have buffers and are copied
         return set(unbuffered)
 
-    def _stage(self, name: str, value: Any) -> Any:
-        """Copy into this tensor's host buffer from the last save in its slot (allocating only when needed)."""
+    def _stage(self, name: str, value: Any, stream: Any = None) -> Any:
+        """Copy into this tensor's host buffer from the last save in its slot (allocating only when needed); a
+        CUDA tensor's copy on `stream` is left in flight (see saving.CopyStreams)."""
         one_thread = getattr(self._on_stage_thread, "active", False)
-        return saving.stage(self._staging[self._slot], name, value, one_thread=one_thread)
+        return saving.stage(self._staging[self._slot], name, value, one_thread=one_thread, stream=stream)
 
     def _run(self, job: saving.Job) -> None:
         with self._lock:

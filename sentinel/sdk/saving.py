@@ -59,6 +59,7 @@ class Job:
     direct: dict[str, chunks.TensorSpec] = field(default_factory=dict)  # written straight to the local tier
     direct_written: tuple[int, int] = (0, 0)  # their (chunks, bytes) written
     direct_packs: list[tuple[str, list[str]]] = field(default_factory=list)  # (pack, digests) of those writes
+    ready: dict[Any, Any] = field(default_factory=dict)  # per CUDA device: an event after the work save() followed
     lock_fd: int | None = None  # the local tier's shared lock, held from the first direct write to the manifest
 
 
@@ -73,11 +74,13 @@ def lower_priority(niceness: int) -> None:
         log.debug("checkpoint writer priority unchanged: %s", exc)
 
 
-def stage(staging: dict[str, Any], name: str, value: Any, *, one_thread: bool = False) -> Any:
+def stage(staging: dict[str, Any], name: str, value: Any, *, one_thread: bool = False, stream: Any = None) -> Any:
     """Copy into this tensor's host buffer in `staging` (allocating only when the shape changed).
 
     `one_thread`: a CPU tensor is copied by numpy on this thread alone. torch's copy_ off the main thread starts
-    a second OpenMP team as wide as the machine, which fights the training loop's for the same cores."""
+    a second OpenMP team as wide as the machine, which fights the training loop's for the same cores.
+    `stream` (a CUDA tensor's, from CopyStreams): the copy is queued there and not waited for; the caller
+    synchronizes the stream once its copies are queued."""
     buffer = staging.get(name)
     if isinstance(value, np.ndarray):
         if not (isinstance(buffer, np.ndarray) and buffer.shape == value.shape and buffer.dtype == value.dtype):
@@ -93,10 +96,57 @@ def stage(staging: dict[str, Any], name: str, value: Any, *, one_thread: bool = 
     if one_thread and value.device.type == "cpu" and value.is_contiguous() and value.numel():
         np.copyto(np.asarray(bytes_of(buffer)), np.asarray(bytes_of(value.detach())))  # the GIL released
         return buffer
+    if stream is not None and value.device.type == "cuda":
+        value.record_stream(stream)  # its memory is not reused before the copy has read it
+        with torch.cuda.stream(stream):
+            buffer.copy_(value.detach(), non_blocking=True)
+        return buffer
     buffer.copy_(value.detach(), non_blocking=value.device.type == "cuda")
     if value.device.type == "cuda":
         torch.cuda.current_stream(value.device).synchronize()
     return buffer
+
+
+class CopyStreams:
+    """The guarded CUDA tensors' device-to-host copies, on a stream of their own per device, after the work the
+    saving thread had queued when save() was called (an event recorded on its current stream then).
+
+    On the stage thread's own current stream (the legacy default stream) the copies would queue among the next
+    forward's and backward's kernels instead of overlapping them on the copy engine, and would not be ordered
+    after an optimizer step the loop ran on a stream of its own."""
+
+    def __init__(self) -> None:
+        self.streams: dict[Any, Any] = {}
+
+    def mark(self, tensors: dict[str, Any]) -> dict[Any, Any]:
+        """On the saving thread: per CUDA device among `tensors`, an event after the work queued so far."""
+        events: dict[Any, Any] = {}
+        for value in tensors.values():
+            if not isinstance(value, np.ndarray) and value.device.type == "cuda" and value.device not in events:
+                torch = sys.modules["torch"]
+                event = events[value.device] = torch.cuda.Event()
+                event.record(torch.cuda.current_stream(value.device))
+        return events
+
+    def begin(self, ready: dict[Any, Any]) -> None:
+        """On the stage thread, before a save's copies: each device's stream waits for that save's event."""
+        for device, event in ready.items():
+            stream = self.streams.get(device)
+            if stream is None:
+                stream = self.streams[device] = sys.modules["torch"].cuda.Stream(device=device)
+            stream.wait_event(event)
+
+    def stream(self, value: Any, ready: dict[Any, Any]) -> Any:
+        """The stream `value`'s copy goes on (None for a CPU tensor or array)."""
+        if isinstance(value, np.ndarray) or value.device not in ready:
+            return None
+        return self.streams[value.device]
+
+    def synchronize(self, ready: dict[Any, Any]) -> None:
+        """Wait until the copies queued for this save are in host memory."""
+        for device in ready:
+            if device in self.streams:
+                self.streams[device].synchronize()
 
 
 def unbuffered(staging: dict[str, Any], tensors: dict[str, Any], before: set[str]) -> dict[str, Any]:

@@ -131,10 +131,10 @@ def test_a_small_chunked_tensor_is_verified_whole_and_a_bad_row_is_named(tmp_pat
 class SlowStage(CheckpointManager):
     """Copies on the stage thread take 50 ms each: whatever the loop does right after save() comes first."""
 
-    def _stage(self, name: str, value: Any) -> Any:
+    def _stage(self, name: str, value: Any, stream: Any = None) -> Any:
         if threading.current_thread() is not threading.main_thread():
             time.sleep(0.05)
-        return super()._stage(name, value)
+        return super()._stage(name, value, stream)
 
 
 class GatedStage(CheckpointManager):

@@ -288,10 +288,10 @@ def test_a_guarded_optimizer_waits_for_the_overlapped_snapshot(tmp_path: Path):
     class SlowSnapshot(CheckpointManager):
         """Copies on the writer thread take 50 ms each: the next optimizer step surely comes in the middle."""
 
-        def _stage(self, name: str, value: Any) -> Any:
+        def _stage(self, name: str, value: Any, stream: Any = None) -> Any:
             if threading.current_thread() is not threading.main_thread():
                 time.sleep(0.05)
-            return super()._stage(name, value)
+            return super()._stage(name, value, stream)
 
     m = SlowSnapshot(job_id=JOB, rank=0, node="node-a", local_dir=str(tmp_path / "local" / "{node}"), catalog=False)
     m.guard(optimizer)

@@ -59,3 +59,47 @@ def test_ddp_on_cuda_is_timed_with_events_and_memory_comes_from_torch_and_nvml()
         assert processes.get(os.getpid(), 0) >= torch.cuda.max_memory_allocated()
     finally:
         dist.destroy_process_group()
+
+
+def test_a_guarded_save_copies_after_the_loops_step_on_a_stream_of_its_own(tmp_path):
+    """A loop on a stream of its own: the guarded tensors' device-to-host copies wait for the step save()
+    followed (an event on that stream), run on the manager's copy stream while the next forward and backward
+    are queued, and the step after waits for them: the checkpoint holds exactly the state at save()."""
+    from torch import nn
+
+    from sentinel.sdk.checkpoint import CheckpointManager
+
+    torch.manual_seed(0)
+    model = nn.Sequential(*[nn.Linear(2048, 2048) for _ in range(8)]).cuda()
+    optimizer = torch.optim.Adam(model.parameters(), lr=1e-3)
+    loop = torch.cuda.Stream()
+    m = CheckpointManager(job_id=1, rank=0, node="gpu", local_dir=str(tmp_path / "{node}"), catalog=False)
+
+    def step() -> None:
+        with torch.cuda.stream(loop):
+            model(torch.randn(512, 2048, device="cuda")).square().mean().backward()
+            optimizer.step()
+            optimizer.zero_grad()
+
+    def state() -> dict:
+        return {"model": model.state_dict(), "optim": optimizer.state_dict()}
+
+    for n in range(3):
+        step()
+        with torch.cuda.stream(loop):  # save() where the loop queues its work, as a loop on its stream does
+            future = m.save(n, state())
+        step()  # its optimizer step waits for the copies
+        assert future is not None and future.result(timeout=60).outcome == "written"
+    step()
+    with torch.cuda.stream(loop):
+        future = m.save(10, state())
+        want = {k: v.detach().to("cpu", copy=True) for k, v in model.state_dict().items()}  # on the loop's stream
+    step()
+    step()
+    assert future is not None and future.result(timeout=60).outcome == "written"
+    assert m._copies.streams, "the copies went on the manager's own stream"
+    got = m.restore(10)
+    assert got is not None
+    for name, value in want.items():
+        assert torch.equal(got.state["model"][name].cpu(), value), name
+    m.close()
