@@ -86,8 +86,9 @@ def run(args: argparse.Namespace, work: Path) -> int:
         v for s in optimizer.state.values() for v in s.values() if torch.is_tensor(v) and v.dim())])
     manager = CheckpointManager(job_id=1, rank=0, node="gpu", local_dir=str(work / "sentinel" / "{node}"),
                                 persistent_dir=None, catalog=False, keep_last=3)
-    stalls: list[float] = []
-    pending: list[Any] = []
+    stalls: list[float] = []  # save()'s own stall
+    stalls_dcp: list[float] = []  # dcp.async_save's
+    pending: list[Any] = []  # dcp.async_save's future still writing
 
     def sentinel(i: int) -> None:
         started = time.perf_counter()
@@ -103,8 +104,6 @@ def run(args: argparse.Namespace, work: Path) -> int:
         started = time.perf_counter()
         pending.append(dcp.async_save(state(), checkpoint_id=str(target)))
         stalls_dcp.append(time.perf_counter() - started)
-
-    stalls_dcp: list[float] = []
 
     def loop(save: Callable[[int], None] | None, first: int) -> float:
         synchronize()
